@@ -1,0 +1,96 @@
+"""Turning token streams into training batches.
+
+Language modelling is next-token prediction: from a window of T+1 consecutive tokens
+w_0 .. w_T we take the input x = w_0 .. w_{T-1} and the targets y = w_1 .. w_T, so the
+logits at position t are scored against token t+1. `TokenWindowDataset` cuts a long
+token stream into such windows, `stride` tokens apart (stride = T: no overlap, every
+token is a target once; a smaller stride gives overlapping windows and more of them).
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from llm_from_scratch.checkpoint import REPO_ROOT, quick_mode, runs_root
+
+
+class TokenWindowDataset(Dataset):
+    """Windows of `context_length + 1` tokens from one long stream, `stride` tokens apart."""
+
+    def __init__(self, tokens: Sequence[int] | np.ndarray | torch.Tensor, context_length: int, stride: int | None = None):
+        if context_length < 1:
+            raise ValueError(f"TokenWindowDataset: context_length must be ≥ 1, got {context_length}")
+        stride = context_length if stride is None else stride
+        if stride < 1:
+            raise ValueError(f"TokenWindowDataset: stride must be ≥ 1, got {stride}")
+        self.tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)  # (N,)
+        if self.tokens.ndim != 1:
+            raise ValueError(f"TokenWindowDataset: expected a 1-D token stream, got shape {tuple(self.tokens.shape)}")
+        if len(self.tokens) < context_length + 1:
+            raise ValueError(
+                f"TokenWindowDataset: {len(self.tokens)} tokens cannot fill one window of "
+                f"context_length + 1 = {context_length + 1} tokens; use more text or a shorter context"
+            )
+        self.context_length = context_length
+        self.stride = stride
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - (self.context_length + 1)) // self.stride + 1
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"window {i} out of range for {len(self)} windows")
+        start = (i % len(self)) * self.stride
+        window = self.tokens[start : start + self.context_length + 1]  # (T+1,)
+        return window[:-1], window[1:]  # x (T,), y (T,)
+
+
+def make_loader(
+    dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True
+) -> DataLoader:
+    """A DataLoader with its own seeded generator, so the batch order is repeatable (and resumable)."""
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, generator=generator)
+
+
+def read_text(path: str | Path) -> str:
+    """A UTF-8 corpus from disk (`--text PATH`), with errors that name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--text: {path} does not exist or is not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--text: {path} is not UTF-8 text (byte {err.start}: {err.reason})") from err
+    if not text.strip():
+        raise ValueError(f"--text: {path} is empty")
+    return text
+
+
+def python_stdlib_text(max_chars: int = 1_000_000) -> str:
+    """Real English-and-code text that exists on every machine with Python: the standard library's own sources.
+
+    The top-level `*.py` files of the stdlib, in sorted order, concatenated up to `max_chars` characters.
+    Nobody on this project wrote it, so it is a fair test of a tokenizer trained elsewhere.
+    """
+    parts, total = [], 0
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = f.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        total += len(text)
+        if total >= max_chars:
+            break
+    return "".join(parts)[:max_chars]
+
+
+def tinyworld_dir(quick: bool | None = None) -> Path:
+    """Where the tiny world's datasets live: `data/tinyworld/` for real runs, `<runs root>/data/` for quick ones
+    (so a smoke run never replaces the real datasets)."""
+    quick = quick_mode() if quick is None else quick
+    return runs_root(quick) / "data" if quick else REPO_ROOT / "data" / "tinyworld"

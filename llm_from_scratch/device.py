@@ -1,0 +1,82 @@
+"""Where the tensors live, how random numbers start, and when to compute in bfloat16.
+
+* `pick_device("auto")` tries CUDA, then Apple's MPS, then the CPU; naming a device that is not
+  there is an error that lists the ones that are.
+* `seed_everything(seed)` seeds Python's `random`, NumPy and torch (CPU and every GPU) at once.
+* `autocast(device)` runs matrix multiplications in bfloat16 on CUDA GPUs that support it
+  (Ampere and newer): half the memory traffic, tensor cores, and the same exponent range as float32
+  so no loss scaling is needed. Elsewhere it is off unless asked for (`dtype=torch.bfloat16` on CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import numpy as np
+import torch
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
+
+
+def available_devices() -> list[str]:
+    """The device types this machine can run on, best first."""
+    found = []
+    if torch.cuda.is_available():
+        found.append("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        found.append("mps")
+    found.append("cpu")
+    return found
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """`"auto"` → the best available (cuda → mps → cpu); otherwise the named device, checked to exist.
+
+    Accepts an index too (`"cuda:1"`). Raises ValueError naming what is available.
+    """
+    name = str(name).strip().lower()
+    kind = name.split(":")[0]
+    if kind not in DEVICE_CHOICES:
+        raise ValueError(f"unknown device {name!r}: choose one of {', '.join(DEVICE_CHOICES)}")
+    have = available_devices()
+    if kind == "auto":
+        return torch.device(have[0])
+    if kind not in have:
+        raise ValueError(f"device {name!r} is not available on this machine; available: {', '.join(have)}")
+    if kind == "cuda" and ":" in name:
+        index = int(name.split(":")[1])
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices) so a run can be repeated exactly."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def default_autocast_dtype(device: torch.device | str) -> torch.dtype | None:
+    """bfloat16 on CUDA GPUs that support it; None (full float32) everywhere else."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def autocast(device: torch.device | str, dtype: torch.dtype | None | str = "default"):
+    """A context manager for mixed precision on `device`.
+
+    dtype="default": `default_autocast_dtype(device)`; None: off (plain float32);
+    a torch dtype (e.g. torch.bfloat16 on CPU): on, with that dtype.
+    """
+    device = torch.device(device)
+    if isinstance(dtype, str):
+        if dtype != "default":
+            raise ValueError(f"autocast: dtype must be 'default', None or a torch dtype, got {dtype!r}")
+        dtype = default_autocast_dtype(device)
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
