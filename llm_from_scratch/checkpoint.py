@@ -9,10 +9,14 @@ Later chapters add the model checkpoints here (safetensors weights + JSON config
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
 from pathlib import Path
+
+import safetensors.torch
+import torch
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -76,3 +80,40 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}, line {lineno}: not valid JSON ({err.msg})") from err
     return records
+
+
+# ----------------------------------------------------------------------------- model weights and training state
+
+
+def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str] | None = None) -> Path:
+    """Weights as safetensors (never pickle), written atomically.
+
+    Tensors that share storage (a tied LM head and token embedding) are stored once: safetensors
+    refuses aliases, and the model re-ties them when it is built.
+    """
+    unique, seen = {}, set()
+    for name, t in tensors.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            unique[name] = t.detach().contiguous().cpu()
+    return atomic_write_bytes(path, safetensors.torch.save(unique, metadata=metadata))
+
+
+def load_tensors(path: str | os.PathLike, device: str = "cpu") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights at {path}")
+    return safetensors.torch.load_file(str(path), device=str(device))
+
+
+def save_train_state(path: str | os.PathLike, state: dict) -> Path:
+    """Optimizer state, step, RNG states: tensors and plain Python values only, so `torch.load(weights_only=True)`
+    can read it back without running any pickled code."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def load_train_state(path: str | os.PathLike) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)

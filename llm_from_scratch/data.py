@@ -94,3 +94,24 @@ def tinyworld_dir(quick: bool | None = None) -> Path:
     (so a smoke run never replaces the real datasets)."""
     quick = quick_mode() if quick is None else quick
     return runs_root(quick) / "data" if quick else REPO_ROOT / "data" / "tinyworld"
+
+
+class WindowSampler:
+    """Random training windows, a fresh batch for every step: batch(step) -> x, y of shape (B, T).
+
+    The windows of step s are drawn with a generator seeded by (seed, s), so any step's batch can be
+    recomputed from the step number alone: a resumed run sees exactly the batches it would have seen.
+    """
+
+    def __init__(self, tokens: Sequence[int] | np.ndarray | torch.Tensor, context_length: int, batch_size: int, seed: int = 0):
+        self.tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)  # (N,)
+        if len(self.tokens) < context_length + 1:
+            raise ValueError(f"WindowSampler: {len(self.tokens)} tokens cannot fill one window of {context_length + 1}")
+        self.context_length, self.batch_size, self.seed = context_length, batch_size, seed
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        starts = torch.randint(0, len(self.tokens) - self.context_length, (self.batch_size,), generator=g)  # (B,)
+        offsets = torch.arange(self.context_length + 1)  # (T+1,)
+        windows = self.tokens[starts[:, None] + offsets]  # (B, T+1)
+        return windows[:, :-1], windows[:, 1:]

@@ -1,0 +1,135 @@
+"""Sampling text from a GPT: temperature, top-k, top-p, batched prompts, KV cache.
+
+A language model gives p(x_t | x_<t). Generation repeats: run the model, turn the last position's
+logits z into a distribution, draw the next token, append it.
+
+    temperature T:  p_i ∝ exp(z_i / T)       T -> 0 is greedy (argmax), T = 1 the model's own distribution
+    top-k:          keep the k most likely tokens, renormalise
+    top-p (nucleus): keep the smallest set of most likely tokens whose probability reaches p, renormalise
+
+Batches of prompts of different lengths are LEFT-padded, so every row's next token is predicted at
+the same (last) column; the attention mask hides the padding and the model's position ids skip it.
+Each row stops at its first EOS (later columns are padding, masked out).
+
+With the KV cache, the prompt is run once (prefill) and every later step feeds only the newest
+token, reading the keys and values of all earlier ones from the cache. Without it (use_cache=False,
+the teaching version), every step re-runs the whole sequence. Both give the same tokens.
+
+`token_logprobs` is the other half of every RL chapter: log p(target_t | prefix) for each position,
+computed stably as z_target - logsumexp(z).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from llm_from_scratch.model import GPT
+
+
+@dataclass
+class Generation:
+    sequences: torch.Tensor  # (B, P + N) left-padded prompts, then the completions (padding after a row's EOS)
+    attention_mask: torch.Tensor  # (B, P + N) 1 on real prompt and completion tokens
+    completion_mask: torch.Tensor  # (B, P + N) 1 on completion tokens, up to and including the first EOS
+    prompt_length: int  # P: completions start at this column
+
+    def completions(self) -> list[list[int]]:
+        """Each row's completion tokens (with its EOS, if it produced one)."""
+        return [row[m.bool()].tolist() for row, m in zip(self.sequences, self.completion_mask)]
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths -> ids (B, P) padded on the left, and the mask (B, P) of real tokens."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate: every prompt needs at least one token")
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        mask[i, P - len(p):] = 1
+    return ids, mask
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Set the logits outside the top-k / top-p set to -inf. logits: (B, V)."""
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1) the k-th largest logit
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        probs = F.softmax(sorted_logits, dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
+        drop_sorted = mass_before >= top_p  # the set already reached p without this token (the top one always stays)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row from the last position's logits (B, V) -> (B,). temperature 0 is greedy."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None, pad_id: int = 0,
+             use_cache: bool = True, generator: torch.Generator | None = None) -> Generation:
+    """Complete a batch of token-id prompts. Runs in eval mode (dropout off) and restores the mode after.
+
+    generator: a torch.Generator on the model's device, for repeatable sampling.
+    """
+    if temperature < 0:
+        raise ValueError(f"generate: temperature must be ≥ 0, got {temperature}")
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    B, P = ids.shape
+    limit = model.config.context_length
+    if P > limit:
+        raise ValueError(f"generate: a prompt of {P} tokens is longer than the model's context ({limit} tokens)")
+    if P + max_new_tokens > limit:
+        raise ValueError(f"generate: {P} prompt tokens + {max_new_tokens} new tokens exceed the context ({limit} tokens); "
+                         f"ask for at most {limit - P} new tokens")
+
+    was_training = model.training
+    model.eval()
+    cache = model.new_kv_cache(B, P + max_new_tokens) if use_cache else None
+    all_real = bool(mask.all())  # no padding: the fast causal path needs no mask
+    logits = model(ids, attention_mask=None if all_real else mask, kv_cache=cache)[:, -1]  # (B, V)
+    seq, seq_mask = [ids], [mask]
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+        token = token.masked_fill(finished, pad_id)
+        seq.append(token[:, None])
+        seq_mask.append((~finished).long()[:, None])
+        if eos_id is not None:
+            finished |= token == eos_id
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break
+        if use_cache:  # feed only the new token; the cache holds everything before it
+            full_mask = None if all_real and not bool(finished.any()) else torch.cat(seq_mask, dim=1)
+            logits = model(token[:, None], attention_mask=full_mask, kv_cache=cache)[:, -1]
+        else:  # the teaching version: re-run the whole sequence
+            logits = model(torch.cat(seq, dim=1), attention_mask=torch.cat(seq_mask, dim=1))[:, -1]
+    model.train(was_training)
+
+    sequences, attention_mask = torch.cat(seq, dim=1), torch.cat(seq_mask, dim=1)  # (B, P + N)
+    completion_mask = attention_mask.clone()
+    completion_mask[:, :P] = 0
+    return Generation(sequences, attention_mask, completion_mask, P)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(targets) under logits: (B, T, V), (B, T) -> (B, T), computed in float32 as z_y - logsumexp(z)."""
+    logits = logits.float()
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

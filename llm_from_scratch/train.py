@@ -1,0 +1,216 @@
+"""The language-model training loop (pretraining here; supervised fine-tuning reuses it).
+
+Objective: the mean next-token cross-entropy over the target positions that are not masked out
+(label -100),  L = -1/N Σ_t log p(y_t | x_≤t).  exp(L) is the perplexity.
+
+One step, with gradient accumulation over `grad_accum` micro-batches:
+    lr_s  = peak · s / warmup                                  linear warmup
+          = min + (peak - min) · ½ (1 + cos(π · progress))     then cosine decay to min
+    g     = ∇ (1/grad_accum) Σ_micro L_micro
+    g     = g · min(1, clip / ‖g‖)                             global-norm gradient clipping
+    AdamW(lr_s): weight decay only on matrices (embeddings and linear weights), never on biases or
+    LayerNorm gains: decaying a gain or a bias towards 0 has no regularising meaning.
+
+Everything a run writes lands in `out_dir`: `metrics.jsonl` (one JSON line per log/eval), the best
+model by validation loss (`model.safetensors` + `config.json`, with the tokenizer next to it) and, in
+`last/`, the latest weights plus `train_state.pt` (optimizer, step, RNG state) to resume from. A
+resumed run continues bit-for-bit: batches are a function of the step number (data.WindowSampler),
+and the RNG state saved is the one at the start of the next step. Ctrl-C saves before exiting; a
+non-finite loss stops the run and keeps the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from llm_from_scratch.checkpoint import append_metrics, load_train_state, save_train_state
+from llm_from_scratch.device import autocast
+from llm_from_scratch.model import GPT, load_weights, save_gpt
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # x (B, T) token ids, y (B, T) targets (-100 = no loss)
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 2000
+    batch_size: int = 32  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 3e-3  # peak learning rate
+    min_lr: float = 3e-4  # the cosine decays to this
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 = off
+    eval_interval: int = 200
+    eval_batches: int = 20
+    log_interval: int = 10
+    checkpoint_interval: int = 500
+    dtype: str = "float32"  # autocast dtype: "float32" (off) or "bfloat16"
+    compile: bool = False  # torch.compile the model
+    seed: int = 0
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to cfg.lr over warmup_steps, then cosine decay to cfg.min_lr at max_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on the ≥2-D parameters (matrices, embeddings) only."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = {"fused": True} if next(model.parameters()).device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **fused)
+
+
+def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the targets y (B, T) under model(x); positions with y = -100 are skipped."""
+    logits = model(x)  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-100)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device, dtype: str = "float32") -> float:
+    """Mean loss per target token over `batches` (dropout off during, training mode restored after)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        with autocast(device, _dtype(dtype)):
+            n = int((y != -100).sum())
+            total += lm_loss(model, x, y).item() * n
+            count += n
+    model.train(was_training)
+    return total / max(1, count)
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {name!r}")
+    return torch.bfloat16 if name == "bfloat16" else None
+
+
+def _rng_state() -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(out_dir: Path, model: GPT, optimizer, step: int, rng: dict, extra: dict) -> None:
+    """`last/`: weights + everything needed to continue at `step` (the next step to run)."""
+    save_gpt(model, out_dir / "last")
+    save_train_state(out_dir / "last" / "train_state.pt",
+                     {"step": step, "optimizer": optimizer.state_dict(), "rng": rng, **extra})
+
+
+def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_batches: Callable[[], Iterable[Batch]],
+          out_dir: str | Path, resume: bool = True, on_eval: Callable[[int, GPT], dict] | None = None,
+          quiet: bool = False) -> dict:
+    """Train `model` in place for cfg.max_steps optimizer steps; returns a summary dict.
+
+    get_batch(i): the i-th micro-batch (a pure function of i, for exact resumption).
+    val_batches(): a fresh iterable of validation batches.
+    on_eval(step, model): called at every evaluation; may return extra metrics (e.g. samples).
+    """
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    amp = _dtype(cfg.dtype)
+    optimizer = configure_optimizer(model, cfg)
+    start, tokens_seen, best_val, rng = 0, 0, float("inf"), None
+    state_file = out_dir / "last" / "train_state.pt"
+    if resume and state_file.is_file():
+        state = load_train_state(state_file)
+        load_weights(model, out_dir / "last" / "model.safetensors")
+        optimizer.load_state_dict(state["optimizer"])
+        start, tokens_seen, best_val, rng = state["step"], state["tokens_seen"], state["best_val"], state["rng"]
+        _set_rng_state(rng)
+        if not quiet:
+            print(f"resuming {out_dir} at step {start}")
+    else:
+        torch.manual_seed(cfg.seed)
+    forward = torch.compile(model) if cfg.compile else model
+    model.train()
+
+    def extra():
+        return {"tokens_seen": tokens_seen, "best_val": best_val, "config": asdict(cfg)}
+
+    bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", disable=quiet, dynamic_ncols=True)
+    t_last, tokens_last = time.perf_counter(), tokens_seen
+    step, next_step, rng = start, start, _rng_state()  # next_step: the step a resumed run would run next
+    try:
+        for step in range(start, cfg.max_steps):
+            rng = _rng_state()  # the state a resumed run must restore to replay this step exactly
+            lr = lr_at(step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = 0.0
+            for micro in range(cfg.grad_accum):
+                x, y = get_batch(step * cfg.grad_accum + micro)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with autocast(device, amp):
+                    loss = lm_loss(forward, x, y)
+                (loss / cfg.grad_accum).backward()
+                loss_sum += loss.item()
+                tokens_seen += int((y != -100).sum())
+            train_loss = loss_sum / cfg.grad_accum
+            if not math.isfinite(train_loss):
+                raise FloatingPointError(f"the training loss is {train_loss} at step {step}: stopping. The last good "
+                                         f"checkpoint is kept in {out_dir} (lower --lr, or check the data)")
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf")).item()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            done = next_step = step + 1
+
+            if done % cfg.log_interval == 0 or done == cfg.max_steps:
+                now = time.perf_counter()
+                tps = (tokens_seen - tokens_last) / max(1e-9, now - t_last)
+                t_last, tokens_last = now, tokens_seen
+                append_metrics(out_dir / "metrics.jsonl", {"step": done, "tokens": tokens_seen, "loss/train": train_loss,
+                                                           "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps})
+                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tps:,.0f}")
+            if done % cfg.eval_interval == 0 or done == cfg.max_steps:
+                val = evaluate(model, val_batches(), device, cfg.dtype)
+                record = {"step": done, "tokens": tokens_seen, "loss/val": val, "ppl/val": math.exp(min(val, 50))}
+                if on_eval is not None:
+                    record.update(on_eval(done, model) or {})
+                append_metrics(out_dir / "metrics.jsonl", record)
+                if val < best_val:
+                    best_val = val
+                    save_gpt(model, out_dir)
+                if not quiet:
+                    bar.write(f"step {done}: val loss {val:.4f} (best {best_val:.4f})")
+            if done % cfg.checkpoint_interval == 0 or done == cfg.max_steps:
+                save_checkpoint(out_dir, model, optimizer, done, _rng_state(), extra())
+            bar.update(1)
+    except KeyboardInterrupt:
+        # before this step's update: replay it from its start state; after: continue with the next one
+        save_checkpoint(out_dir, model, optimizer, next_step, rng if next_step == step else _rng_state(), extra())
+        bar.close()
+        print(f"\ninterrupted at step {next_step}: saved {out_dir / 'last'}; run the same command again to resume")
+        raise
+    bar.close()
+    return {"steps": cfg.max_steps, "tokens": tokens_seen, "best_val": best_val}

@@ -1,0 +1,70 @@
+import math
+
+import pytest
+import torch
+
+from llm_from_scratch.attention import CausalSelfAttention, KVCache, causal_mask, explicit_attention
+
+
+def test_explicit_attention_by_hand():
+    # one head, head size 1: q = 1 everywhere, keys 0 and ln 3, values 4 and 8.
+    # query 0 sees only key 0 -> 4. query 1: scores (0, ln 3) -> weights (1/4, 3/4) -> 0.25*4 + 0.75*8 = 7
+    q = torch.ones(1, 1, 2, 1)
+    k = torch.tensor([0.0, math.log(3)]).view(1, 1, 2, 1)
+    v = torch.tensor([4.0, 8.0]).view(1, 1, 2, 1)
+    y, w = explicit_attention(q, k, v, mask=None)
+    assert y.flatten().tolist() == pytest.approx([4.0, 7.0])
+    assert w[0, 0].flatten().tolist() == pytest.approx([1.0, 0.0, 0.25, 0.75])
+
+
+def test_causal_mask_with_cached_positions():
+    # 2 new tokens after 3 cached ones: they sit at positions 3 and 4
+    assert causal_mask(2, 5).int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_explicit_and_sdpa_agree(with_mask):
+    torch.manual_seed(0)
+    a = CausalSelfAttention(64, 4, attn_impl="explicit").eval()
+    b = CausalSelfAttention(64, 4, attn_impl="sdpa").eval()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(3, 10, 64)
+    mask = None
+    if with_mask:  # random key masks, each query always sees itself
+        keep = torch.rand(3, 1, 10, 10) > 0.3
+        mask = (causal_mask(10, 10) & keep) | torch.eye(10, dtype=torch.bool)
+    assert torch.allclose(a(x, mask), b(x, mask), atol=1e-5)
+
+
+def test_future_tokens_do_not_change_the_past():
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(32, 2).eval()
+    x = torch.randn(1, 8, 32)
+    y1 = attn(x)
+    x2 = x.clone()
+    x2[:, 5:] = torch.randn(1, 3, 32)
+    assert torch.allclose(attn(x2)[:, :5], y1[:, :5], atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_kv_cache_decoding_matches_full_attention(impl):
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(32, 4, attn_impl=impl).eval()
+    x = torch.randn(2, 9, 32)
+    full = attn(x)
+    cache = KVCache(n_layer=1, batch_size=2, n_head=4, max_len=9, head_dim=8)
+    outs = [attn(x[:, :4], kv_cache=cache)]
+    cache.advance(4)
+    for t in range(4, 9):
+        outs.append(attn(x[:, t:t + 1], kv_cache=cache))
+        cache.advance(1)
+    assert torch.allclose(torch.cat(outs, dim=1), full, atol=1e-5)
+    with pytest.raises(ValueError, match="do not fit"):
+        attn(x[:, :1], kv_cache=cache)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="divisible"):
+        CausalSelfAttention(30, 4)
+    with pytest.raises(ValueError, match="attn_impl"):
+        CausalSelfAttention(32, 4, attn_impl="flash")

@@ -1,0 +1,132 @@
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from llm_from_scratch.generation import filter_logits, generate, left_pad, sample_next, token_logprobs
+from llm_from_scratch.model import GPT, GPTConfig
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=40, context_length=48, n_layer=2, n_head=2, n_embd=32)).eval()
+
+
+class ScriptedLM(nn.Module):
+    """Always predicts script[row][k] as the k-th completion token (a stand-in to test the masks)."""
+
+    def __init__(self, script, prompt_len, vocab=10):
+        super().__init__()
+        self.config = GPTConfig(vocab_size=vocab, context_length=64, n_layer=1, n_head=1, n_embd=4)
+        self.script, self.P, self.vocab = script, prompt_len, vocab
+        self.dummy = nn.Parameter(torch.zeros(1))
+
+    def forward(self, idx, attention_mask=None, kv_cache=None):
+        B, T = idx.shape
+        k = T - self.P
+        logits = torch.full((B, T, self.vocab), -10.0)
+        for b in range(B):
+            logits[b, -1, self.script[b][min(k, len(self.script[b]) - 1)]] = 10.0
+        return logits
+
+
+def test_left_pad_by_hand():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_stops_at_eos_and_masks_the_rest():
+    eos, pad = 9, 0
+    lm = ScriptedLM(script=[[3, 9, 4, 4], [5, 6, 7, 8]], prompt_len=2)
+    out = generate(lm, [[1, 2], [1, 2]], max_new_tokens=4, temperature=0, eos_id=eos, pad_id=pad, use_cache=False)
+    assert out.sequences.tolist() == [[1, 2, 3, 9, pad, pad], [1, 2, 5, 6, 7, 8]]
+    assert out.completion_mask.tolist() == [[0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]  # EOS included, nothing after
+    assert out.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]
+    assert out.completions() == [[3, 9], [5, 6, 7, 8]]
+
+
+def test_all_rows_done_stops_early():
+    lm = ScriptedLM(script=[[9]], prompt_len=1)
+    out = generate(lm, [[1]], max_new_tokens=10, temperature=0, eos_id=9, use_cache=False)
+    assert out.sequences.tolist() == [[1, 9]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_cache_and_no_cache_generate_the_same_tokens(model, temperature):
+    prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
+    a = generate(model, prompts, 20, temperature=temperature, generator=torch.Generator().manual_seed(1))
+    b = generate(model, prompts, 20, temperature=temperature, use_cache=False, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a.sequences, b.sequences)
+
+
+def test_batched_greedy_equals_each_prompt_alone(model):
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11]]
+    batch = generate(model, prompts, 15, temperature=0, eos_id=39, pad_id=0)
+    for i, p in enumerate(prompts):
+        alone = generate(model, [p], 15, temperature=0, eos_id=39, pad_id=0)
+        assert batch.completions()[i] == alone.completions()[0]
+
+
+def test_seeded_sampling_repeats(model):
+    g = lambda s: generate(model, [[1, 2]], 10, generator=torch.Generator().manual_seed(s)).sequences
+    assert torch.equal(g(3), g(3)) and not torch.equal(g(3), g(4))
+
+
+def test_top_p_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda p: torch.isfinite(filter_logits(logits, top_p=p)).int().tolist()[0]
+    assert kept(0.8) == [1, 1, 0, 0]  # 0.5 + 0.3 reaches 0.8
+    assert kept(0.81) == [1, 1, 1, 0]
+    assert kept(0.3) == [1, 0, 0, 0]  # the most likely token always stays
+    assert torch.isfinite(filter_logits(logits, top_k=2)).int().tolist()[0] == [1, 1, 0, 0]
+
+
+def test_top_k_and_top_p_never_sample_outside_their_set():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 30) * 2
+    gen = torch.Generator().manual_seed(0)
+    topk_set = torch.topk(logits, 5).indices
+    for _ in range(200):
+        s = sample_next(logits, top_k=5, generator=gen)
+        assert all(s[b] in topk_set[b] for b in range(4))
+    allowed = torch.isfinite(filter_logits(logits, top_p=0.7))
+    seen = torch.zeros_like(allowed)
+    for _ in range(300):
+        s = sample_next(logits, top_p=0.7, generator=gen)
+        assert allowed[torch.arange(4), s].all()
+        seen[torch.arange(4), s] = True
+    assert seen.sum() > 4  # it does sample, not just argmax
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.tensor([[0.1, 3.0, 2.9]])
+    assert sample_next(logits, temperature=0).item() == 1
+
+
+def test_token_logprobs_by_hand_and_stable():
+    logits = torch.log(torch.tensor([[[0.2, 0.3, 0.5], [0.6, 0.3, 0.1]]]))
+    lp = token_logprobs(logits, torch.tensor([[2, 0]]))
+    assert lp.tolist()[0] == pytest.approx([math.log(0.5), math.log(0.6)], abs=1e-6)
+    big = torch.tensor([[[1e4, 0.0, -1e4]]])
+    assert token_logprobs(big, torch.tensor([[1]])).item() == pytest.approx(-1e4)
+    x = torch.randn(2, 5, 11)
+    t = torch.randint(0, 11, (2, 5))
+    assert torch.allclose(token_logprobs(x, t), torch.log_softmax(x, -1).gather(-1, t[..., None])[..., 0], atol=1e-6)
+
+
+def test_prompt_too_long_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        generate(model, [[1] * 49], 1)
+    with pytest.raises(ValueError, match="at most 8 new tokens"):
+        generate(model, [[1] * 40], 20)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, [[]], 1)
+
+
+def test_generation_restores_training_mode(model):
+    model.train()
+    generate(model, [[1, 2]], 3)
+    assert model.training
+    model.eval()

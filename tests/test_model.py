@@ -1,0 +1,94 @@
+import math
+
+import pytest
+import torch
+
+from llm_from_scratch.model import GPT, GPTConfig
+
+
+def tiny(**kw):
+    return GPTConfig(**{**dict(vocab_size=50, context_length=32, n_layer=2, n_head=2, n_embd=16), **kw})
+
+
+def test_explicit_and_sdpa_models_agree():
+    torch.manual_seed(0)
+    a = GPT(tiny(attn_impl="explicit")).eval()
+    b = GPT(tiny(attn_impl="sdpa")).eval()
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 50, (3, 20))
+    assert (a(idx) - b(idx)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_left_padded_rows_compute_the_same_logits_as_alone(impl):
+    torch.manual_seed(0)
+    model = GPT(tiny(attn_impl=impl)).eval()
+    rows = [torch.randint(0, 50, (n,)) for n in (7, 12, 3)]
+    T = 12
+    idx = torch.full((3, T), 49)  # pad value is arbitrary: the mask hides it
+    mask = torch.zeros(3, T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        idx[i, T - len(r):] = r
+        mask[i, T - len(r):] = 1
+    batched = model(idx, attention_mask=mask)
+    for i, r in enumerate(rows):
+        alone = model(r[None])
+        assert torch.allclose(batched[i, T - len(r):], alone[0], atol=1e-5)
+
+
+def test_cached_forward_matches_full_forward_with_padding():
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()
+    idx = torch.randint(0, 50, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0
+    full = model(idx, attention_mask=mask)
+    cache = model.new_kv_cache(2, 10)
+    parts = [model(idx[:, :6], attention_mask=mask[:, :6], kv_cache=cache)]
+    for t in range(6, 10):
+        parts.append(model(idx[:, t:t + 1], attention_mask=mask[:, :t + 1], kv_cache=cache))
+    assert torch.allclose(torch.cat(parts, 1)[mask.bool()], full[mask.bool()], atol=1e-5)
+    assert cache.length == 10
+
+
+def test_head_is_tied_to_the_embedding():
+    model = GPT(tiny())
+    assert model.lm_head.weight is model.wte.weight
+    model(torch.randint(0, 50, (1, 5))).sum().backward()
+    assert model.wte.weight.grad is not None
+    # counted once
+    assert model.num_params() == sum(p.numel() for p in model.parameters())
+    names = [n for n, _ in model.named_parameters()]
+    assert "lm_head.weight" not in names
+
+
+def test_gpt2_initialisation():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=100, context_length=16, n_layer=8, n_head=4, n_embd=256))
+    proj = torch.cat([b.attn.c_proj.weight.flatten() for b in model.blocks] + [b.mlp.c_proj.weight.flatten() for b in model.blocks])
+    assert proj.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.02)
+    assert model.blocks[0].mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    assert model.blocks[0].attn.c_attn.bias.abs().max().item() == 0
+
+
+def test_parameter_and_flop_counts_by_hand():
+    c = GPTConfig(vocab_size=10, context_length=4, n_layer=1, n_head=1, n_embd=2)
+    model = GPT(c)
+    # wte 10*2 + wpe 4*2 + block: ln1 4 + c_attn 2*6+6 + c_proj 2*2+2 + ln2 4 + c_fc 2*8+8 + c_proj 8*2+2 + ln_f 4
+    assert model.num_params() == 20 + 8 + 4 + 18 + 6 + 4 + 24 + 18 + 4
+    assert model.num_params(non_embedding=True) == 4 + 18 + 6 + 4 + 24 + 18 + 4
+    # 6 * (78 non-embedding + 20 head) + 12 * 1 * 2 * 4
+    assert model.flops_per_token() == 6 * 98 + 96
+
+
+def test_presets_and_errors():
+    assert GPTConfig.preset("small", vocab_size=768).n_embd == 384
+    assert GPTConfig.preset("gpt2-124m").vocab_size == 50257
+    with pytest.raises(ValueError, match="unknown GPT preset"):
+        GPTConfig.preset("huge")
+    model = GPT(tiny())
+    with pytest.raises(ValueError, match="longer than the context"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        model(torch.zeros(1, 5, dtype=torch.long), attention_mask=torch.ones(1, 4))
+    assert GPTConfig.from_json(tiny().to_json()) == tiny()

@@ -1,0 +1,130 @@
+import json
+import math
+
+import pytest
+import torch
+
+from llm_from_scratch.checkpoint import load_train_state, read_metrics
+from llm_from_scratch.data import WindowSampler
+from llm_from_scratch.model import GPT, GPTConfig, load_gpt, save_gpt
+from llm_from_scratch.train import TrainConfig, configure_optimizer, evaluate, lm_loss, lr_at, train
+
+
+def small_model(dropout=0.0, seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=30, context_length=16, n_layer=2, n_head=2, n_embd=16, dropout=dropout))
+
+
+TOKENS = torch.randint(0, 30, (2000,), generator=torch.Generator().manual_seed(0))
+
+
+def test_lr_schedule_by_hand():
+    cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
+    assert lr_at(0, cfg) == pytest.approx(0.1)  # (0 + 1) / 10
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(60, cfg) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the cosine
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+
+
+def test_weight_decay_only_on_matrices():
+    model = small_model()
+    opt = configure_optimizer(model, TrainConfig(weight_decay=0.1))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_loss_ignores_masked_targets():
+    model = small_model().eval()
+    x = torch.randint(0, 30, (2, 8))
+    y = torch.randint(0, 30, (2, 8))
+    logp = torch.log_softmax(model(x), -1).gather(-1, y[..., None])[..., 0]
+    y_masked = y.clone()
+    y_masked[:, :5] = -100
+    assert lm_loss(model, x, y_masked).item() == pytest.approx(-logp[:, 5:].mean().item(), abs=1e-5)
+    assert evaluate(model, [(x, y_masked)], "cpu") == pytest.approx(-logp[:, 5:].mean().item(), abs=1e-5)
+
+
+def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tmp_path):
+    model = small_model()
+    x, y = WindowSampler(TOKENS, 16, 8).batch(0)
+    before = lm_loss(model, x, y).item()
+    cfg = TrainConfig(max_steps=30, lr=1e-2, warmup_steps=1, eval_interval=100, checkpoint_interval=100)
+    train(model, cfg, lambda i: (x, y), lambda: [(x, y)], tmp_path, quiet=True)
+    assert lm_loss(model.eval(), x, y).item() < before - 1.0
+
+
+def test_save_load_identical_logits_and_vocab_check(tmp_path):
+    model = small_model().eval()
+    save_gpt(model, tmp_path)
+    back = load_gpt(tmp_path, vocab_size=30).eval()
+    x = torch.randint(0, 30, (2, 10))
+    assert torch.equal(model(x), back(x))
+    assert back.lm_head.weight is back.wte.weight
+    with pytest.raises(ValueError, match="vocabulary of 30 tokens but the tokenizer has 31"):
+        load_gpt(tmp_path, vocab_size=31)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_gpt(tmp_path / "nope")
+
+
+def run(tmp_path, interrupt_at=None, dropout=0.1):
+    sampler = WindowSampler(TOKENS, 16, 4, seed=1)
+    calls = {"n": 0}
+
+    def get_batch(i):
+        if interrupt_at is not None and i == interrupt_at and calls["n"] == 0:
+            calls["n"] += 1
+            raise KeyboardInterrupt
+        return sampler.batch(i)
+
+    cfg = TrainConfig(max_steps=8, grad_accum=2, lr=3e-3, warmup_steps=2, log_interval=1, eval_interval=4, checkpoint_interval=100)
+    model = small_model(dropout)
+    try:
+        train(model, cfg, get_batch, lambda: [sampler.batch(10_000)], tmp_path, quiet=True)
+    except KeyboardInterrupt:
+        model = small_model(dropout, seed=123)  # a fresh process: different init, must be overwritten by the resume
+        train(model, cfg, get_batch, lambda: [sampler.batch(10_000)], tmp_path, quiet=True)
+    losses = {r["step"]: r["loss/train"] for r in read_metrics(tmp_path / "metrics.jsonl") if "loss/train" in r}
+    return losses, model
+
+
+def test_interrupt_and_resume_continue_exactly(tmp_path):
+    straight, m1 = run(tmp_path / "a")
+    resumed, m2 = run(tmp_path / "b", interrupt_at=11)  # micro-batch 11 = step 5, second micro-batch (with dropout)
+    assert load_train_state(tmp_path / "b" / "last" / "train_state.pt")["step"] == 8
+    for step in range(1, 9):
+        assert resumed[step] == straight[step], f"step {step}"
+    for (n, p1), (_, p2) in zip(m1.named_parameters(), m2.named_parameters()):
+        assert torch.equal(p1, p2), n
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    sampler = WindowSampler(TOKENS, 16, 4)
+    model = small_model()
+    cfg = TrainConfig(max_steps=3, warmup_steps=1, eval_interval=100, checkpoint_interval=1)
+    train(model, cfg, sampler.batch, lambda: [sampler.batch(99)], tmp_path, quiet=True)
+
+    def poisoned(i):  # the weights blow up during step 4 (as a too-high learning rate would make them)
+        if i == 4:
+            with torch.no_grad():
+                model.wte.weight.fill_(float("nan"))
+        return sampler.batch(i)
+
+    cfg.max_steps = 6
+    with pytest.raises(FloatingPointError, match="loss is nan at step 4"):
+        train(model, cfg, poisoned, lambda: [sampler.batch(99)], tmp_path, quiet=True)
+    kept = load_gpt(tmp_path / "last")  # written after step 4 (index 3), the last good one
+    assert load_train_state(tmp_path / "last" / "train_state.pt")["step"] == 4
+    assert all(torch.isfinite(p).all() for p in kept.parameters())
+
+
+def test_metrics_and_best_checkpoint_are_written(tmp_path):
+    sampler = WindowSampler(TOKENS, 16, 4)
+    cfg = TrainConfig(max_steps=4, warmup_steps=1, log_interval=2, eval_interval=2, checkpoint_interval=2)
+    summary = train(small_model(), cfg, sampler.batch, lambda: [sampler.batch(99)], tmp_path, quiet=True)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    vals = [r["loss/val"] for r in records if "loss/val" in r]
+    assert len(vals) == 2 and summary["best_val"] == min(vals)
+    assert all(math.isfinite(r["tokens_per_s"]) for r in records if "tokens_per_s" in r)
+    assert (tmp_path / "model.safetensors").is_file() and json.loads((tmp_path / "config.json").read_text())["vocab_size"] == 30
