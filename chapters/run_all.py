@@ -25,6 +25,11 @@ from llm_from_scratch.checkpoint import atomic_write_text, quick_mode, runs_root
 # (script, run folder it writes)
 CHAPTERS = [
     ("ch01_tokenizer.py", "tokenizer"),
+    ("ch02_attention.py", "attention"),
+    ("ch03_gpt.py", "gpt"),
+    ("ch04_pretrain.py", "pretrain"),
+    ("ch05_sft.py", "sft"),
+    ("ch06_reward_model.py", "reward_model"),
 ]
 
 

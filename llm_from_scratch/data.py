@@ -115,3 +115,40 @@ class WindowSampler:
         offsets = torch.arange(self.context_length + 1)  # (T+1,)
         windows = self.tokens[starts[:, None] + offsets]  # (B, T+1)
         return windows[:, :-1], windows[:, 1:]
+
+
+# ----------------------------------------------------------------------------- chat data (chapters 5 and 6)
+
+
+def sft_collate(examples: list[tuple[list[int], int]], pad_id: int, train_on_prompt: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad (token ids, prompt length) pairs into inputs x (B, T) and targets y (B, T).
+
+    y[t] = ids[t + 1], the next token; it is -100 (no loss) where that token is padding or, unless
+    `train_on_prompt`, part of the prompt: the model learns to answer, not to write questions.
+    """
+    T = max(len(ids) for ids, _ in examples) - 1
+    x = torch.full((len(examples), T), pad_id, dtype=torch.long)
+    y = torch.full((len(examples), T), -100, dtype=torch.long)
+    for i, (ids, n_prompt) in enumerate(examples):
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        n = len(ids) - 1
+        x[i, :n] = ids[:-1]
+        y[i, :n] = ids[1:]
+        if not train_on_prompt:
+            y[i, : n_prompt - 1] = -100  # targets 1 .. n_prompt-1 are prompt tokens
+    return x, y
+
+
+def preference_collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(chosen ids, rejected ids) pairs -> one right-padded batch of 2B rows, chosen first then rejected:
+    ids (2B, T), attention mask (2B, T), and the index of each row's last real token (2B,), where a
+    reward model reads its score."""
+    rows = [c for c, _ in pairs] + [r for _, r in pairs]
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    last = mask.sum(dim=1) - 1  # (2B,)
+    return ids, mask, last

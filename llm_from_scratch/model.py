@@ -130,6 +130,12 @@ class GPT(nn.Module):
         attention_mask (B, S): 1 for real tokens, 0 for padding, over the cached positions AND the new
         ones (S = kv_cache.length + T). kv_cache: keys/values of earlier positions; updated in place.
         """
+        return self.lm_head(self.trunk(idx, attention_mask, kv_cache))  # (B, T, vocab)
+
+    def trunk(self, idx: torch.Tensor, attention_mask: torch.Tensor | None = None,
+              kv_cache: KVCache | None = None) -> torch.Tensor:
+        """Everything but the LM head: the final hidden states (B, T, C), after the last LayerNorm.
+        Reward and value heads (chapters 6 and 8) read these."""
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
         S = past + T
@@ -152,7 +158,7 @@ class GPT(nn.Module):
             x = block(x, mask, kv_cache)
         if kv_cache is not None:
             kv_cache.advance(T)
-        return self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        return self.ln_f(x)  # (B, T, C)
 
     # --- bookkeeping
     def num_params(self, non_embedding: bool = False) -> int:

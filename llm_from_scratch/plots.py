@@ -37,11 +37,12 @@ def line_plot(
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for label, y in ys.items():
         ax.plot(x, y, marker="o", markersize=3, label=label)
-    for label, value in (hlines or {}).items():
-        ax.axhline(value, linestyle="--", color="gray", linewidth=1)
-        ax.annotate(label, (ax.get_xlim()[0], value), textcoords="offset points", xytext=(4, 4), fontsize=8, color="gray")
     if logx:
         ax.set_xscale("log", base=2)
+    for label, value in (hlines or {}).items():
+        ax.axhline(value, linestyle="--", color="gray", linewidth=1)
+        ax.annotate(label, (0.01, value), xycoords=("axes fraction", "data"), textcoords="offset points",
+                    xytext=(0, 4), fontsize=8, color="gray")
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -57,4 +58,24 @@ def merges_plot(tokens: Sequence[str], counts: Sequence[int], path: str | os.Pat
     ax.invert_yaxis()
     ax.set(xlabel="pair count when merged", title=title or "The first BPE merges (rank, new token)")
     ax.grid(axis="x", alpha=0.3)
+    return save(fig, path)
+
+
+def loss_plot(records: Sequence[dict], path: str | os.PathLike | None = None, floor: float | None = None,
+              title: str = "Pretraining loss"):
+    """Train and validation loss (nats/token) against tokens seen, from metrics.jsonl records;
+    `floor` draws the data's entropy floor, the loss no model can beat."""
+    train = [(r["tokens"], r["loss/train"]) for r in records if "loss/train" in r]
+    val = [(r["tokens"], r["loss/val"]) for r in records if "loss/val" in r]
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    if train:
+        ax.plot(*zip(*train), label="train", alpha=0.6, linewidth=1)
+    if val:
+        ax.plot(*zip(*val), label="validation", marker="o", markersize=3)
+    if floor is not None:
+        ax.axhline(floor, linestyle="--", color="black", linewidth=1, label=f"entropy floor {floor:.3f}")
+    ax.set(xlabel="tokens seen", ylabel="loss (nats/token)", title=title)
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
     return save(fig, path)

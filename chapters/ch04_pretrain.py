@@ -1,0 +1,185 @@
+"""Chapter 4: pretrain a GPT on the tiny world (or on any text with --text).
+
+Tokenizes the corpus with the chapter-1 tokenizer, trains the chosen GPT preset with AdamW (warmup +
+cosine), evaluates the validation loss against the tiny world's entropy floor, prints samples
+before and after, and saves the checkpoint that chapter 5 (SFT) starts from in runs/pretrain/:
+model.safetensors + config.json + the tokenizer, metrics.jsonl and loss.png.
+
+Runs resume: run the same command again after Ctrl-C and it continues where it stopped
+(--no-resume starts over).
+
+    python chapters/ch04_pretrain.py                 # the default run: about 10 minutes on 2 CPU cores
+    python chapters/ch04_pretrain.py --quick         # a smoke run (also LLMFS_QUICK=1)
+    python chapters/ch04_pretrain.py --text my.txt   # any UTF-8 corpus (trains a tokenizer for it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from llm_from_scratch import tinyworld  # noqa: E402
+from llm_from_scratch.checkpoint import atomic_write_text, quick_mode, read_metrics, runs_root  # noqa: E402
+from llm_from_scratch.data import WindowSampler, read_text, tinyworld_dir  # noqa: E402
+from llm_from_scratch.device import fastest_autocast_dtype, pick_device, seed_everything  # noqa: E402
+from llm_from_scratch.generation import generate  # noqa: E402
+from llm_from_scratch.model import GPT, PRESETS, GPTConfig, load_gpt  # noqa: E402
+from llm_from_scratch.plots import loss_plot  # noqa: E402
+from llm_from_scratch.tokenizer import EOS_TOKEN, Tokenizer  # noqa: E402
+from llm_from_scratch.train import TrainConfig, train  # noqa: E402
+
+PROMPTS = ["Once upon a time,", "Mia found a", "23 plus 45 is", "Cats say"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="tiny", choices=[p for p in PRESETS if not p.startswith("gpt2")], help="model size (default tiny)")
+    ap.add_argument("--text", type=Path, help="pretrain on this UTF-8 file instead of the tiny world (last 5%% = validation)")
+    ap.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: runs/tokenizer; with --text, one is trained)")
+    ap.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
+    ap.add_argument("--batch-size", type=int, default=32, help="sequences per step (default 32)")
+    ap.add_argument("--context", type=int, default=128, help="training window in tokens (default 128, at most the preset's context)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    ap.add_argument("--warmup", type=int, default=100, help="warmup steps (default 100)")
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout (default 0: the tiny world is plentiful)")
+    ap.add_argument("--eval-interval", type=int, default=200, help="steps between validation runs (default 200)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="autocast precision; auto = bfloat16 only where this device runs it faster (measured at start)")
+    ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="torch.compile; auto = on for CUDA only")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto: cuda, then mps, then cpu)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="output folder (default runs/pretrain)")
+    ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
+    ap.add_argument("--quick", action="store_true", help="a smoke run (also LLMFS_QUICK=1)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    args.quick = args.quick or quick_mode()
+    if args.quick:
+        args.steps, args.batch_size, args.eval_interval, args.warmup = 30, 8, 15, 5
+    for name in ("steps", "batch_size", "context", "eval_interval"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be ≥ 1")
+    return args
+
+
+def load_corpus(args, tok_dir: Path):
+    """(tokenizer, train token ids, val token ids, entropy floor in nats/token or None)."""
+    if args.text:
+        text = read_text(args.text)
+        cut = int(len(text) * 0.95)
+        train_text, val_text = text[:cut], text[cut:]
+        tok = Tokenizer.load(args.tokenizer) if args.tokenizer else Tokenizer.train(train_text, 768)
+        floor = None
+    else:
+        sizes = tinyworld.QUICK_SIZES if args.quick else {}
+        paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
+        train_text = paths["pretrain_train"].read_text(encoding="utf-8")
+        val_text = paths["pretrain_val"].read_text(encoding="utf-8")
+        if (args.tokenizer or tok_dir).is_dir():
+            tok = Tokenizer.load(args.tokenizer or tok_dir)
+        else:
+            print(f"no tokenizer in {tok_dir}: training the course tokenizer (chapter 1) on the tiny world")
+            tok = Tokenizer.train(train_text.replace(tinyworld.DOC_SEPARATOR, "\n"), 768)
+            tok.save(tok_dir)
+        floor = json.loads(paths["pretrain_meta"].read_text())["splits"]["val"]["total_nats"]
+    train_ids = np.array(tok.encode(train_text, allowed_special={EOS_TOKEN}), dtype=np.int64)
+    val_ids = np.array(tok.encode(val_text, allowed_special={EOS_TOKEN}), dtype=np.int64)
+    if floor is not None:
+        floor /= len(val_ids)  # total nats of the validation documents / their tokens
+    return tok, train_ids, val_ids, floor
+
+
+def samples(model: GPT, tok: Tokenizer, temperature: float, seed: int = 0) -> list[str]:
+    prompts = [tok.encode(p) for p in PROMPTS]
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    out = generate(model, prompts, 40, temperature=temperature, top_k=None, eos_id=tok.eos_id, pad_id=tok.pad_id, generator=g)
+    return [p + tok.decode([t for t in c if t != tok.eos_id]) for p, c in zip(PROMPTS, out.completions())]
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    root = runs_root(args.quick)
+    out = args.out or root / "pretrain"
+    if args.no_resume and out.exists():
+        shutil.rmtree(out)
+    device = pick_device(args.device)
+    seed_everything(args.seed)
+
+    tok, train_ids, val_ids, floor = load_corpus(args, root / "tokenizer")
+    preset = dict(PRESETS[args.preset])
+    if args.context > preset["context_length"]:
+        raise SystemExit(f"--context {args.context} is longer than the {args.preset} preset's {preset['context_length']}")
+    config = GPTConfig.preset(args.preset, vocab_size=tok.vocab_size, dropout=args.dropout)
+    model = GPT(config).to(device)
+
+    dtype = {"auto": fastest_autocast_dtype(device), "float32": None, "bfloat16": torch.bfloat16}[args.dtype]
+    compile_ = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
+    print(f"device {device} | precision {'bfloat16 autocast' if dtype else 'float32'} | compile {'on' if compile_ else 'off'}"
+          f" | {model.num_params():,} parameters | {len(train_ids):,} training tokens, {len(val_ids):,} validation tokens")
+    if floor is not None:
+        print(f"entropy floor of the validation text: {floor:.4f} nats/token")
+
+    cfg = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
+                      warmup_steps=args.warmup, eval_interval=args.eval_interval, checkpoint_interval=args.eval_interval,
+                      log_interval=max(1, min(10, args.eval_interval // 2)), eval_batches=20,
+                      dtype="bfloat16" if dtype else "float32", compile=compile_, seed=args.seed)
+    sampler = WindowSampler(train_ids, args.context, args.batch_size, seed=args.seed)
+    val_sampler = WindowSampler(val_ids, args.context, args.batch_size, seed=10_000 + args.seed)
+    val_batches = lambda: [val_sampler.batch(i) for i in range(cfg.eval_batches)]  # noqa: E731  the same windows every time
+
+    resuming = (out / "last" / "train_state.pt").is_file()
+    before = samples(model, tok, temperature=1.0) if not resuming else []
+    for s in before:
+        print("  before | " + s.replace("\n", " "))
+    tok.save(out)
+    t0 = time.perf_counter()
+    try:
+        summary = train(model, cfg, sampler.batch, val_batches, out, resume=True, quiet=args.quiet,
+                        on_eval=lambda step, m: {"samples": samples(m, tok, temperature=0.0)})
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    except FloatingPointError as err:
+        raise SystemExit(f"stopped: {err}")
+    seconds = time.perf_counter() - t0
+
+    best = load_gpt(out, device=device, vocab_size=tok.vocab_size)
+    after = samples(best, tok, temperature=0.8, seed=1)
+    for s in after:
+        print("  after  | " + s.replace("\n", " "))
+    records = read_metrics(out / "metrics.jsonl")
+    loss_plot(records, out / "loss.png", floor=floor, title=f"Pretraining the {args.preset} GPT")
+    result = {"preset": args.preset, "params": model.num_params(), "steps": args.steps, "seconds_this_run": seconds,
+              "tokens": summary["tokens"], "best_val_loss": summary["best_val"], "entropy_floor": floor,
+              "gap_to_floor": None if floor is None else summary["best_val"] - floor, "device": str(device),
+              "precision": cfg.dtype, "compile": compile_}
+    atomic_write_text(out / "summary.json", json.dumps(result, indent=2))
+    atomic_write_text(out / "report.md", report(result, before, after))
+    if floor is not None:
+        print(f"best validation loss {summary['best_val']:.4f} nats/token; floor {floor:.4f}; gap {summary['best_val'] - floor:.4f}")
+    print(f"trained {summary['tokens']:,} tokens in {seconds / 60:.1f} min; checkpoint in {out}")
+    return result
+
+
+def report(r: dict, before: list[str], after: list[str]) -> str:
+    floor = f"{r['entropy_floor']:.4f}" if r["entropy_floor"] is not None else "n/a"
+    gap = f"{r['gap_to_floor']:.4f}" if r["gap_to_floor"] is not None else "n/a"
+    lines = ["## Chapter 4: pretraining", "",
+             f"- {r['preset']} GPT, {r['params']:,} parameters, {r['steps']} steps, {r['tokens']:,} tokens, "
+             f"{r['seconds_this_run'] / 60:.1f} min on {r['device']} ({r['precision']}, compile {'on' if r['compile'] else 'off'})",
+             f"- best validation loss **{r['best_val_loss']:.4f}** nats/token; entropy floor {floor}; gap {gap}", "",
+             "![loss](pretrain/loss.png)", "", "| before training | after |", "|---|---|"]
+    lines += [f"| {b[:90]} | {a[:120]} |" for b, a in zip(before or [""] * len(after), after)]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

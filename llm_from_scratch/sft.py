@@ -1,0 +1,123 @@
+"""Supervised fine-tuning (SFT): teach the pretrained GPT to answer instructions.
+
+Each example becomes one sequence in the chat template
+
+    <|user|> prompt <|assistant|> response <|endoftext|>
+
+and the loss is the usual next-token cross-entropy, but only over the response tokens R (the EOS
+included, so the model learns to stop):
+
+    L = -1/|R| Σ_{t ∈ R} log p(x_t | x_<t)
+
+The prompt is context, not something to imitate: its targets are -100 (`data.sft_collate`). Training
+reuses chapter 4's loop; evaluation decodes greedily (batched, KV cache) and scores each task with
+the tiny world's gold reward: exact match for the verifiable tasks, the hidden preference for stories.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import torch
+
+from llm_from_scratch import tinyworld
+from llm_from_scratch.data import sft_collate
+from llm_from_scratch.generation import generate
+from llm_from_scratch.model import GPT
+from llm_from_scratch.tokenizer import ASSISTANT_TOKEN, EOS_TOKEN, USER_TOKEN, Tokenizer
+
+SPECIALS = {USER_TOKEN, ASSISTANT_TOKEN, EOS_TOKEN}
+
+
+def chat_prompt(prompt: str) -> str:
+    """The text the model sees before it answers."""
+    return f"{USER_TOKEN}{prompt}{ASSISTANT_TOKEN}"
+
+
+def encode_chat(tok: Tokenizer, prompt: str, response: str | None = None) -> tuple[list[int], int]:
+    """Token ids of the templated example, and how many of them are prompt. Without a response: the prompt only."""
+    prompt_ids = tok.encode(chat_prompt(prompt), allowed_special=SPECIALS)
+    if response is None:
+        return prompt_ids, len(prompt_ids)
+    return prompt_ids + tok.encode(response) + [tok.eos_id], len(prompt_ids)
+
+
+class SFTBatches:
+    """Templated examples, and a batch for every step: batch(step) draws `batch_size` examples with a
+    generator seeded by (seed, step), so a resumed run sees the same batches (as data.WindowSampler)."""
+
+    def __init__(self, tok: Tokenizer, examples: list, context_length: int, batch_size: int, seed: int = 0,
+                 train_on_prompt: bool = False):
+        encoded = [encode_chat(tok, _field(e, "prompt"), _field(e, "response")) for e in examples]
+        # a sequence of n tokens gives n - 1 (input, target) pairs: it fits if n - 1 <= context
+        self.examples = [e for e in encoded if len(e[0]) - 1 <= context_length]
+        self.dropped = len(encoded) - len(self.examples)
+        if not self.examples:
+            raise ValueError(f"SFTBatches: no example fits in the context of {context_length} tokens")
+        self.pad_id, self.batch_size, self.seed, self.train_on_prompt = tok.pad_id, batch_size, seed, train_on_prompt
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        pick = torch.randint(0, len(self.examples), (self.batch_size,), generator=g).tolist()
+        return sft_collate([self.examples[i] for i in pick], self.pad_id, self.train_on_prompt)
+
+
+def _field(example, name: str):
+    return getattr(example, name) if hasattr(example, name) else example[name]
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+NUMBER = re.compile(r"\d+")
+WORD_LIST = re.compile(r"[a-z]+(, [a-z]+)*")
+
+
+def well_formed(task: str, response: str, ended: bool) -> bool:
+    """Did the model stop (EOS) with an answer of the right shape for the task?"""
+    if not ended:
+        return False
+    if task in ("arithmetic", "word_problem", "count"):
+        return NUMBER.fullmatch(response) is not None
+    if task in ("sort", "reverse"):
+        return WORD_LIST.fullmatch(response) is not None
+    if task == "qa":
+        return 0 < len(response.split()) <= 4
+    return response.endswith("The end.")  # story
+
+
+@torch.no_grad()
+def answer(model: GPT, tok: Tokenizer, prompts: list[str], max_new_tokens: int = 96, temperature: float = 0.0,
+           batch_size: int = 64, generator: torch.Generator | None = None) -> list[tuple[str, bool]]:
+    """(response text, ended with EOS) for each prompt; batched by similar length, KV cache on."""
+    encoded = [encode_chat(tok, p)[0] for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))  # similar lengths: little padding
+    out: list[tuple[str, bool]] = [("", False)] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        batch = [encoded[i] for i in idx]
+        room = model.config.context_length - max(len(b) for b in batch)
+        gen = generate(model, batch, min(max_new_tokens, room), temperature=temperature, eos_id=tok.eos_id,
+                       pad_id=tok.pad_id, generator=generator)
+        for i, completion in zip(idx, gen.completions()):
+            ended = bool(completion) and completion[-1] == tok.eos_id
+            out[i] = (tok.decode(completion[:-1] if ended else completion), ended)
+    return out
+
+
+def evaluate_tasks(model: GPT, tok: Tokenizer, examples: list, max_new_tokens: int = 96,
+                   batch_size: int = 64) -> tuple[dict[str, dict[str, float]], list[dict]]:
+    """Greedy answers to held-out examples -> per task: accuracy (mean gold reward: exact match, or the story
+    score), well_formed (share), n; plus one row per example (task, prompt, response, reward, well_formed)."""
+    examples = [e if isinstance(e, tinyworld.Example) else tinyworld.Example.from_dict(e) for e in examples]
+    answers = answer(model, tok, [e.prompt for e in examples], max_new_tokens, batch_size=batch_size)
+    rows, per_task = [], defaultdict(list)
+    for e, (response, ended) in zip(examples, answers):
+        row = {"task": e.task, "prompt": e.prompt, "response": response, "target": e.response,
+               "reward": tinyworld.gold_reward(e, response), "well_formed": well_formed(e.task, response, ended)}
+        rows.append(row)
+        per_task[e.task].append(row)
+    summary = {task: {"accuracy": sum(r["reward"] for r in rs) / len(rs),
+                      "well_formed": sum(r["well_formed"] for r in rs) / len(rs), "n": len(rs)}
+               for task, rs in sorted(per_task.items())}
+    return summary, rows

@@ -1,0 +1,80 @@
+import json
+import math
+
+import pytest
+import torch
+
+from llm_from_scratch.data import preference_collate
+from llm_from_scratch.model import GPT, GPTConfig
+from llm_from_scratch.reward_model import (RewardModel, bradley_terry_loss, center_rewards, load_preferences,
+                                           preference_metrics)
+
+
+def rm(seed=0):
+    torch.manual_seed(seed)
+    return RewardModel(GPT(GPTConfig(vocab_size=30, context_length=32, n_layer=2, n_head=2, n_embd=16))).eval()
+
+
+def test_bradley_terry_by_hand():
+    loss = bradley_terry_loss(torch.tensor([2.0, 0.0]), torch.tensor([0.0, 0.0]))
+    by_hand = (math.log(1 + math.exp(-2)) + math.log(2)) / 2  # -log σ(2), -log σ(0)
+    assert loss.item() == pytest.approx(by_hand, abs=1e-6)
+    assert bradley_terry_loss(torch.tensor([-100.0]), torch.tensor([0.0])).item() == pytest.approx(100.0)
+    assert bradley_terry_loss(torch.tensor([100.0]), torch.tensor([0.0])).item() == pytest.approx(0.0, abs=1e-30)
+
+
+def test_metrics_by_hand():
+    m = preference_metrics(torch.tensor([1.0, 0.0, 3.0]), torch.tensor([0.0, 1.0, 1.0]))
+    assert m["accuracy"] == pytest.approx(2 / 3) and m["margin"] == pytest.approx(2 / 3)
+    assert (m["min_reward"], m["max_reward"], m["mean_reward"]) == (0.0, 3.0, pytest.approx(1.0))
+
+
+def test_collate_last_index_by_hand():
+    ids, mask, last = preference_collate([([1, 2, 3], [4, 5]), ([6], [7, 8, 9, 10])], pad_id=0)
+    assert ids.tolist() == [[1, 2, 3, 0], [6, 0, 0, 0], [4, 5, 0, 0], [7, 8, 9, 10]]
+    assert last.tolist() == [2, 0, 1, 3] and mask.sum(1).tolist() == [3, 1, 2, 4]
+
+
+def test_reward_is_read_at_the_last_real_token_whatever_the_padding():
+    model = rm()
+    seq = [3, 4, 5, 6]
+    alone_ids, alone_mask, alone_last = preference_collate([(seq, seq)], pad_id=0)
+    r_alone = model(alone_ids, alone_mask, alone_last)[0]
+    ids, mask, last = preference_collate([(seq, list(range(1, 12)))], pad_id=0)  # padded to 11
+    r_padded = model(ids, mask, last)[0]
+    ids[0, 4:] = 29  # whatever sits in the padding
+    assert r_padded.item() == pytest.approx(r_alone.item(), abs=1e-5)
+    assert model(ids, mask, last)[0].item() == pytest.approx(r_alone.item(), abs=1e-5)
+    # it is the last token's state: changing it changes the reward
+    ids[0, 3] = 7
+    assert model(ids, mask, last)[0].item() != pytest.approx(r_alone.item(), abs=1e-4)
+
+
+def test_center_rewards_gives_mean_zero():
+    model = rm()
+    ids, mask, last = preference_collate([([1, 2, 3], [4, 5, 6, 7]), ([8, 9], [10])], pad_id=0)
+    r = model(ids, mask, last).detach()
+    mean, std = center_rewards(model, r)
+    assert mean == pytest.approx(r.mean().item()) and std == pytest.approx(r.std().item())
+    assert model(ids, mask, last).mean().item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_save_load_roundtrip(tmp_path):
+    model = rm()
+    model.save(tmp_path)
+    back = RewardModel.load(tmp_path).eval()
+    ids, mask, last = preference_collate([([1, 2, 3], [4, 5])], pad_id=0)
+    assert torch.equal(model(ids, mask, last), back(ids, mask, last))
+
+
+@pytest.mark.parametrize("line,error", [
+    ('{"prompt": "p", "chosen": "a"}', "line 2: missing field 'rejected'"),
+    ('{"prompt": "p", "chosen": "", "rejected": "b"}', "line 2: field 'chosen' is empty"),
+    ("{not json", "line 2: not valid JSON"),
+    ("[1, 2]", "line 2: expected a JSON object"),
+])
+def test_malformed_preferences_name_the_line(tmp_path, line, error):
+    f = tmp_path / "prefs.jsonl"
+    f.write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=f"prefs.jsonl, {error}"):
+        load_preferences(f)

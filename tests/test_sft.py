@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from llm_from_scratch.data import sft_collate
+from llm_from_scratch.model import GPT, GPTConfig
+from llm_from_scratch.sft import SFTBatches, chat_prompt, encode_chat, well_formed
+from llm_from_scratch.tokenizer import Tokenizer
+from llm_from_scratch.train import lm_loss
+
+TEXT = "Add 2 and 3. 5 Sort these words: cat, dog. cat, dog Once upon a time there was a kite. The end. " * 30
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.train(TEXT, 300)
+
+
+def test_collate_masks_prompt_and_padding_by_hand():
+    # ids of 5 tokens, the first 3 are prompt: targets 11, 12 are prompt -> -100; 13, 14 are the response
+    x, y = sft_collate([([10, 11, 12, 13, 14], 3), ([20, 21, 22], 2)], pad_id=99)
+    assert x.tolist() == [[10, 11, 12, 13], [20, 21, 99, 99]]
+    assert y.tolist() == [[-100, -100, 13, 14], [-100, 22, -100, -100]]
+    _, y_all = sft_collate([([10, 11, 12, 13, 14], 3), ([20, 21, 22], 2)], pad_id=99, train_on_prompt=True)
+    assert y_all.tolist() == [[11, 12, 13, 14], [21, 22, -100, -100]]  # padding never has a target
+
+
+def test_prompt_only_sequence_gets_no_loss():
+    _, y = sft_collate([([1, 2, 3, 4], 4)], pad_id=0)
+    assert (y == -100).all()
+
+
+def test_masked_loss_equals_the_response_tokens_loss_by_hand():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, context_length=16, n_layer=1, n_head=1, n_embd=8)).eval()
+    ids = [3, 4, 5, 6, 7, 8]
+    x, y = sft_collate([(ids, 4)], pad_id=0)  # response = tokens 7, 8 (targets at positions 4, 5)
+    logp = torch.log_softmax(model(x), -1)[0]
+    by_hand = -(logp[3, 7] + logp[4, 8]) / 2
+    assert lm_loss(model, x, y).item() == pytest.approx(by_hand.item(), abs=1e-6)
+
+
+def test_chat_template(tok):
+    ids, n_prompt = encode_chat(tok, "Add 2 and 3.", "5")
+    assert ids[0] == tok.special_tokens["<|user|>"] and ids[n_prompt - 1] == tok.special_tokens["<|assistant|>"]
+    assert tok.decode(ids[n_prompt:]) == "5<|endoftext|>" and ids[-1] == tok.eos_id
+    assert tok.pad_id != tok.eos_id
+    assert tok.decode(encode_chat(tok, "Add 2 and 3.")[0]) == chat_prompt("Add 2 and 3.")
+
+
+def test_batches_are_repeatable_and_drop_long_examples(tok):
+    examples = [{"prompt": "Add 2 and 3.", "response": "5"}, {"prompt": "Once upon a time " * 20, "response": "The end."}]
+    b = SFTBatches(tok, examples, context_length=16, batch_size=4, seed=3)
+    assert b.dropped == 1 and len(b.examples) == 1
+    assert all(torch.equal(u, v) for u, v in zip(b.batch(5), b.batch(5)))
+    with pytest.raises(ValueError, match="no example fits"):
+        SFTBatches(tok, examples[1:], context_length=16, batch_size=4)
+
+
+@pytest.mark.parametrize("task,response,ended,ok", [
+    ("arithmetic", "68", True, True), ("arithmetic", "68", False, False), ("arithmetic", "sixty", True, False),
+    ("sort", "cat, dog", True, True), ("sort", "cat dog", True, False), ("qa", "the park", True, True),
+    ("qa", "", True, False), ("story", "Mia had a kite. The end.", True, True), ("story", "Mia had a kite.", True, False),
+])
+def test_well_formed(task, response, ended, ok):
+    assert well_formed(task, response, ended) is ok
