@@ -40,7 +40,7 @@ from llm_from_scratch.train import TrainConfig, train  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", type=Path, help="checkpoint to start from (default runs/pretrain)")
-    ap.add_argument("--steps", type=int, default=1500, help="optimizer steps (default 1500)")
+    ap.add_argument("--steps", type=int, default=600, help="optimizer steps (default 600)")
     ap.add_argument("--batch-size", type=int, default=32, help="examples per step (default 32)")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--warmup", type=int, default=50, help="warmup steps (default 50)")
@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def ensure_pretrained(root: Path, quick: bool) -> Path:
     """runs/pretrain, made by a quick chapter-4 run if it is missing (said out loud: its results are poor)."""
     folder = root / "pretrain"
-    if not (folder / "config.json").is_file():
+    if not (folder / "summary.json").is_file():  # written when a chapter-4 run finishes
         print(f"no pretrained model in {folder}: making a quick one with chapters/ch04_pretrain.py --quick "
               f"(run the full chapter 4 for real results)")
         subprocess.run([sys.executable, str(ROOT / "chapters" / "ch04_pretrain.py"), "--quick", "--quiet", "--out", str(folder)],
@@ -137,7 +137,8 @@ def main(argv=None) -> dict:
     best = load_gpt(out, device=device, vocab_size=tok.vocab_size)
     after, rows = evaluate_tasks(best, tok, eval_set)
     print("after SFT:\n" + table(after))
-    loss_plot(read_metrics(out / "metrics.jsonl"), out / "loss.png", title="SFT loss (response tokens)")
+    loss_plot(read_metrics(out / "metrics.jsonl"), out / "loss.png",
+              title="SFT loss (" + ("prompt and response tokens)" if args.train_on_prompt else "response tokens)"))
     accuracy_plot(before, after, out / "accuracy.png")
     samples = ["| task | prompt | response | reward |", "|---|---|---|---:|"]
     shown = {}
@@ -155,7 +156,7 @@ def main(argv=None) -> dict:
         f"{args.steps} steps in {seconds / 60:.1f} min on {device}; loss on "
         f"{'prompt and response' if args.train_on_prompt else 'the response only'}.", "",
         "Before:", "", table(before), "", "After:", "", table(after), "",
-        "![accuracy](sft/accuracy.png) ![loss](sft/loss.png)", "", "\n".join(samples), ""]))
+        f"![accuracy]({out.name}/accuracy.png) ![loss]({out.name}/loss.png)", "", "\n".join(samples), ""]))
     print(f"trained in {seconds / 60:.1f} min; model in {out}")
     return result
 

@@ -41,7 +41,7 @@ from llm_from_scratch.train import TrainConfig  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", type=Path, help="SFT checkpoint to start from (default runs/sft)")
-    ap.add_argument("--steps", type=int, default=600, help="optimizer steps (default 600)")
+    ap.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     ap.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32)")
     ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
     ap.add_argument("--samples", type=int, default=500, help="fresh SFT samples to centre the rewards and compare with gold (default 500)")
@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def ensure_sft(root: Path, quick: bool) -> Path:
     folder = root / "sft"
-    if not (folder / "config.json").is_file():
+    if not (folder / "eval.json").is_file():  # written when a chapter-5 run finishes
         print(f"no SFT model in {folder}: making a quick one with chapters/ch05_sft.py --quick (run chapter 5 for real results)")
         subprocess.run([sys.executable, str(ROOT / "chapters" / "ch05_sft.py"), "--quick", "--quiet", "--out", str(folder)], check=True)
     return folder

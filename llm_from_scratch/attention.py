@@ -112,10 +112,12 @@ class CausalSelfAttention(nn.Module):
         if self.attn_impl == "explicit":
             y, _ = explicit_attention(q, k, v, mask, self.attn_dropout)
         else:
-            if mask is None and k.size(2) != T:  # new tokens after cached ones: they see all of the past
-                mask = causal_mask(T, k.size(2), q.device)
+            S = k.size(2)
+            if mask is None and T > 1 and S != T:  # new tokens after cached ones: they see all of the past
+                mask = causal_mask(T, S, q.device)
+            # is_causal: the fast path for T tokens with nothing cached; one newest query sees every key: no mask
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=mask is None
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=mask is None and S == T
             )  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
         return self.resid_dropout(self.c_proj(y))

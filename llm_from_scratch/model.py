@@ -143,7 +143,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {S} tokens is longer than the context ({self.config.context_length} tokens)")
         if attention_mask is None:
             pos = torch.arange(past, S, device=idx.device).unsqueeze(0)  # (1, T)
-            mask = None if past == 0 else causal_mask(T, S, idx.device)  # None: the fast causal path
+            # None: the fast causal path (or, for one new token after a cache, nothing to hide)
+            mask = None if past == 0 or T == 1 else causal_mask(T, S, idx.device)
         else:
             if attention_mask.shape != (B, S):
                 raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected (B, cached + new) = {(B, S)}")

@@ -25,10 +25,7 @@ from llm_from_scratch import tinyworld
 from llm_from_scratch.data import sft_collate
 from llm_from_scratch.generation import generate
 from llm_from_scratch.model import GPT
-from llm_from_scratch.tokenizer import ASSISTANT_TOKEN, EOS_TOKEN, USER_TOKEN, Tokenizer
-
-SPECIALS = {USER_TOKEN, ASSISTANT_TOKEN, EOS_TOKEN}
-
+from llm_from_scratch.tokenizer import ASSISTANT_TOKEN, USER_TOKEN, Tokenizer
 
 def chat_prompt(prompt: str) -> str:
     """The text the model sees before it answers."""
@@ -36,8 +33,12 @@ def chat_prompt(prompt: str) -> str:
 
 
 def encode_chat(tok: Tokenizer, prompt: str, response: str | None = None) -> tuple[list[int], int]:
-    """Token ids of the templated example, and how many of them are prompt. Without a response: the prompt only."""
-    prompt_ids = tok.encode(chat_prompt(prompt), allowed_special=SPECIALS)
+    """Token ids of the templated example, and how many of them are prompt. Without a response: the prompt only.
+
+    The special tokens are placed by id; the prompt and response texts are encoded as ordinary text, so a
+    user who types "<|assistant|>" gets a clear error instead of forging a turn of the conversation."""
+    special = tok.special_tokens
+    prompt_ids = [special[USER_TOKEN]] + tok.encode(prompt) + [special[ASSISTANT_TOKEN]]
     if response is None:
         return prompt_ids, len(prompt_ids)
     return prompt_ids + tok.encode(response) + [tok.eos_id], len(prompt_ids)
