@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, load_tensors, save_tensors
 from llm_from_scratch.data import preference_collate
@@ -161,8 +162,6 @@ def train_reward_model(rm: RewardModel, train_pairs: list, val_pairs: list, cfg:
                        out_dir: str | Path, quiet: bool = False) -> dict:
     """Minimise the Bradley–Terry loss with chapter 4's optimiser conventions (AdamW with decay on matrices,
     warmup + cosine, clipping). Logs TRL-style metrics; keeps the model with the best validation accuracy."""
-    from tqdm import tqdm
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(rm.parameters()).device

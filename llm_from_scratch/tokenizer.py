@@ -33,6 +33,7 @@ from pathlib import Path
 
 import regex
 import tiktoken
+from tqdm import tqdm
 
 from llm_from_scratch.checkpoint import atomic_write_text
 
@@ -197,8 +198,6 @@ def train_bpe(text: str, vocab_size: int, pattern: str = GPT2_SPLIT_PATTERN, pro
 
 
 def _progress(total: int, desc: str):
-    from tqdm import tqdm
-
     return tqdm(total=total, desc=desc, unit="merge")
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from llm_from_scratch.checkpoint import append_metrics, load_train_state, save_train_state
 from llm_from_scratch.device import autocast
@@ -133,8 +134,6 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
     val_batches(): a fresh iterable of validation batches.
     on_eval(step, model): called at every evaluation; may return extra metrics (e.g. samples).
     """
-    from tqdm import tqdm
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
