@@ -8,7 +8,7 @@ model.safetensors + config.json + the tokenizer, metrics.jsonl and loss.png.
 Runs resume: run the same command again after Ctrl-C and it continues where it stopped
 (--no-resume starts over).
 
-    python chapters/ch04_pretrain.py                 # the default run: about 10 minutes on 2 CPU cores
+    python chapters/ch04_pretrain.py                 # the default run: about 7 minutes on 2 CPU cores
     python chapters/ch04_pretrain.py --quick         # a smoke run (also LLMFS_QUICK=1)
     python chapters/ch04_pretrain.py --text my.txt   # any UTF-8 corpus (trains a tokenizer for it)
 """
