@@ -139,16 +139,19 @@ def sft_collate(examples: list[tuple[list[int], int]], pad_id: int, train_on_pro
     return x, y
 
 
-def preference_collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(chosen ids, rejected ids) pairs -> one right-padded batch of 2B rows, chosen first then rejected:
-    ids (2B, T), attention mask (2B, T), and the index of each row's last real token (2B,), where a
-    reward model reads its score."""
-    rows = [c for c, _ in pairs] + [r for _, r in pairs]
+def pad_right(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token-id rows -> ids (N, T) padded on the right, attention mask (N, T), and the index of each row's last
+    real token (N,), where a reward or value head reads its score."""
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), T), dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
         mask[i, : len(r)] = 1
-    last = mask.sum(dim=1) - 1  # (2B,)
-    return ids, mask, last
+    return ids, mask, mask.sum(dim=1) - 1
+
+
+def preference_collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(chosen ids, rejected ids) pairs -> one right-padded batch of 2B rows, chosen first then rejected
+    (one forward pass scores both): ids (2B, T), attention mask (2B, T), last real token index (2B,)."""
+    return pad_right([c for c, _ in pairs] + [r for _, r in pairs], pad_id)

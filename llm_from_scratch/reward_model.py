@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, load_tensors, save_tensors
-from llm_from_scratch.data import preference_collate
+from llm_from_scratch.data import pad_right, preference_collate
 from llm_from_scratch.model import GPT, GPTConfig
 from llm_from_scratch.sft import encode_chat
 from llm_from_scratch.tokenizer import Tokenizer
@@ -142,15 +142,13 @@ def score_pairs(rm: RewardModel, encoded: list, pad_id: int, batch_size: int = 6
 def score_texts(rm: RewardModel, tok: Tokenizer, prompts: list[str], responses: list[str], batch_size: int = 64) -> torch.Tensor:
     """Rewards (N,) of responses to prompts (each templated and closed with EOS)."""
     encoded = [encode_chat(tok, p, r)[0] for p, r in zip(prompts, responses)]
-    # preference_collate puts rows in order when given (row, row) pairs; take the first half
     out = []
     device = next(rm.parameters()).device
     was_training = rm.training
     rm.eval()
     for i in range(0, len(encoded), batch_size):
-        chunk = encoded[i:i + batch_size]
-        ids, mask, last = (t.to(device) for t in preference_collate([(e, e) for e in chunk], tok.pad_id))
-        out.append(rm(ids, mask, last)[: len(chunk)].cpu())
+        ids, mask, last = (t.to(device) for t in pad_right(encoded[i:i + batch_size], tok.pad_id))
+        out.append(rm(ids, mask, last).cpu())
     rm.train(was_training)
     return torch.cat(out)
 

@@ -78,3 +78,19 @@ def test_malformed_preferences_name_the_line(tmp_path, line, error):
     f.write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n" + line + "\n")
     with pytest.raises(ValueError, match=f"prefs.jsonl, {error}"):
         load_preferences(f)
+
+
+def test_score_texts_matches_scoring_each_text_alone():
+    from llm_from_scratch.reward_model import score_texts
+    from llm_from_scratch.sft import encode_chat
+    from llm_from_scratch.tokenizer import Tokenizer
+
+    tok = Tokenizer.train("Mia found a red kite. The end. Add 2 and 3. 5 " * 20, 300)
+    torch.manual_seed(0)
+    model = RewardModel(GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=16))).eval()
+    prompts, responses = ["Add 2 and 3.", "Write a story."], ["5", "Mia found a red kite. The end."]
+    batched = score_texts(model, tok, prompts, responses)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        ids = torch.tensor([encode_chat(tok, p, r)[0]])
+        alone = model(ids, torch.ones_like(ids), torch.tensor([ids.size(1) - 1]))
+        assert batched[i].item() == pytest.approx(alone.item(), abs=1e-5)
