@@ -57,11 +57,6 @@ class KVCache:
         """Called once per forward pass, after every layer has stored its n new positions."""
         self.length += n
 
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep only (or repeat) the batch rows in `index`, e.g. to drop finished sequences."""
-        self.k = self.k[:, index]
-        self.v = self.v[:, index]
-
 
 def causal_mask(T: int, S: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """(T, S) booleans: the T newest of S positions, query i (absolute position S - T + i) sees keys 0..S-T+i."""

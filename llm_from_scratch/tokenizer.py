@@ -317,12 +317,6 @@ class Tokenizer:
             allowed_special = frozenset(allowed_special)
         return self.encoding.encode(text, allowed_special=allowed_special)
 
-    def encode_batch(self, texts: list[str], allowed_special: str | Iterable[str] = frozenset()) -> list[list[int]]:
-        """`encode` for many texts at once (tiktoken runs them in parallel threads)."""
-        if allowed_special != "all":
-            allowed_special = frozenset(allowed_special)
-        return self.encoding.encode_batch(texts, allowed_special=allowed_special)
-
     def decode(self, ids: Iterable[int]) -> str:
         return self.encoding.decode([int(i) for i in ids])
 
