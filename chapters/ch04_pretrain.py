@@ -37,7 +37,7 @@ from llm_from_scratch.plots import loss_plot  # noqa: E402
 from llm_from_scratch.tokenizer import EOS_TOKEN, Tokenizer  # noqa: E402
 from llm_from_scratch.train import TrainConfig, train  # noqa: E402
 
-PROMPTS = ["Once upon a time,", "Mia found a", "23 plus 45 is", "Cats say"]
+PROMPTS = ["Once upon a time,", "Mia found a", "23 plus 40 is", "Cats say"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -40,9 +40,9 @@ from llm_from_scratch.train import TrainConfig, train  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", type=Path, help="checkpoint to start from (default runs/pretrain)")
-    ap.add_argument("--steps", type=int, default=600, help="optimizer steps (default 600)")
+    ap.add_argument("--steps", type=int, default=1800, help="optimizer steps (default 1800)")
     ap.add_argument("--batch-size", type=int, default=32, help="examples per step (default 32)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     ap.add_argument("--warmup", type=int, default=50, help="warmup steps (default 50)")
     ap.add_argument("--train-on-prompt", action="store_true", help="also put the loss on the prompt tokens")
     ap.add_argument("--eval-examples", type=int, default=1000, help="held-out examples to score (default 1000, all tasks)")

@@ -45,23 +45,40 @@ def encode_chat(tok: Tokenizer, prompt: str, response: str | None = None) -> tup
 
 
 class SFTBatches:
-    """Templated examples, and a batch for every step: batch(step) draws `batch_size` examples with a
-    generator seeded by (seed, step), so a resumed run sees the same batches (as data.WindowSampler)."""
+    """Templated examples, and a batch for every step: batch(step) is a function of (seed, step) alone, so a
+    resumed run sees the same batches (as data.WindowSampler).
+
+    Length grouping (group > 1, the default): a batch is padded to its longest row, and the tasks differ a lot
+    in length (a sum is ~40 tokens, a QA prompt holds a whole story), so random batches would spend most of
+    their compute on padding. Instead `group` batches' worth of examples are drawn at random, sorted by length
+    and cut into `group` batches, served in a shuffled order: every batch holds examples of similar length.
+    Each example is still drawn uniformly; group=1 gives plain random batches."""
 
     def __init__(self, tok: Tokenizer, examples: list, context_length: int, batch_size: int, seed: int = 0,
-                 train_on_prompt: bool = False):
+                 train_on_prompt: bool = False, group: int = 16):
         encoded = [encode_chat(tok, _field(e, "prompt"), _field(e, "response")) for e in examples]
         # a sequence of n tokens gives n - 1 (input, target) pairs: it fits if n - 1 <= context
         self.examples = [e for e in encoded if len(e[0]) - 1 <= context_length]
         self.dropped = len(encoded) - len(self.examples)
         if not self.examples:
             raise ValueError(f"SFTBatches: no example fits in the context of {context_length} tokens")
+        if group < 1:
+            raise ValueError(f"SFTBatches: group must be >= 1, got {group}")
         self.pad_id, self.batch_size, self.seed, self.train_on_prompt = tok.pad_id, batch_size, seed, train_on_prompt
+        self.group = group
+
+    def indices(self, step: int) -> list[int]:
+        """The examples of batch `step`."""
+        block, slot = divmod(step, self.group)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + block)
+        pick = torch.randint(0, len(self.examples), (self.group * self.batch_size,), generator=g).tolist()
+        pick.sort(key=lambda i: len(self.examples[i][0]))  # similar lengths side by side
+        order = torch.randperm(self.group, generator=g).tolist()  # which slice of the sorted block each step gets
+        start = order[slot] * self.batch_size
+        return pick[start:start + self.batch_size]
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        pick = torch.randint(0, len(self.examples), (self.batch_size,), generator=g).tolist()
-        return sft_collate([self.examples[i] for i in pick], self.pad_id, self.train_on_prompt)
+        return sft_collate([self.examples[i] for i in self.indices(step)], self.pad_id, self.train_on_prompt)
 
 
 def _field(example, name: str):
@@ -71,6 +88,8 @@ def _field(example, name: str):
 # ----------------------------------------------------------------------------- evaluation
 
 NUMBER = re.compile(r"\d+")
+STEP = r"\d+ (plus|minus) \d+ is \d+\."
+WORKED = re.compile(rf"{STEP}( {STEP})*")  # '95 plus 40 is 135. 135 plus 2 is 137.'
 WORD_LIST = re.compile(r"[a-z]+(, [a-z]+)*")
 
 
@@ -78,7 +97,9 @@ def well_formed(task: str, response: str, ended: bool) -> bool:
     """Did the model stop (EOS) with an answer of the right shape for the task?"""
     if not ended:
         return False
-    if task in ("arithmetic", "word_problem", "count"):
+    if task in tinyworld.WORKED_TASKS:
+        return WORKED.fullmatch(response) is not None
+    if task == "count":
         return NUMBER.fullmatch(response) is not None
     if task in ("sort", "reverse"):
         return WORD_LIST.fullmatch(response) is not None

@@ -159,7 +159,7 @@ def _build_facts() -> list[str]:
 
 
 FACTS = _build_facts()
-PRETRAIN_KINDS, PRETRAIN_WEIGHTS = ("story", "facts", "arithmetic"), (70, 15, 15)
+PRETRAIN_KINDS, PRETRAIN_WEIGHTS = ("story", "facts", "arithmetic"), (45, 5, 50)
 FACTS_PER_DOC = (2, 4)
 ARITH_PER_DOC, ARITH_MAX, ARITH_OPS = (1, 3), 99, ("plus", "minus")
 DOC_SEPARATOR = "<|endoftext|>"
@@ -178,10 +178,12 @@ QA_PROMPT = "Story: {story}\nQuestion: {question}"
 QA_QUESTIONS = {"color": "What color was the {object}?", "place": "Where did {name} live?",
                 "find": "What did {name} {verb_base}?", "animal": "What animal did {name} have?",
                 "feel": "How did {name} feel at the end?"}
+# The SFT training mix: the worked tasks (sums, word problems) take the most examples to learn.
+SFT_WEIGHTS = {"arithmetic": 3, "word_problem": 2, "sort": 1, "reverse": 1, "count": 1, "qa": 1, "story": 1}
 STORY_PROMPTS = ["Write a happy story about {name} and {a_thing}.", "Write a story about {name} and {a_thing}."]
 
 # Word problems. Difficulty knobs, read at call time (so they can be tuned or monkeypatched).
-WP_STEPS = (2, 3)          # number of additions/subtractions
+WP_STEPS = (2, 4)          # number of additions/subtractions
 WP_MAX_QUANTITY = 20       # no count (start, step, total) ever exceeds this
 WP_DISTRACTOR_P = 0.3      # chance of one sentence about another child's count
 WP_START = "{name} has {n} {items}."
@@ -297,14 +299,28 @@ def facts_document(rng: Recorder) -> str:
     return " ".join(rng.choice(FACTS) for _ in range(rng.randint(*FACTS_PER_DOC)))
 
 
+def worked_steps(a: int, op: str, b: int) -> str:
+    """How the tiny world writes a sum: the tens of b first, then its ones, one sentence each.
+
+    worked_steps(95, "plus", 42) == "95 plus 40 is 135. 135 plus 2 is 137."
+    worked_steps(7, "minus", 3) == "7 minus 0 is 7. 7 minus 3 is 4."   (always two steps: the same shape every time)
+
+    Each step changes one or two digits of the running number and finds its operands a few tokens back.
+    "95 plus 42 is 137" in one go needs the carry out of the ones before the first digit is written,
+    all within one forward pass: writing intermediate results gives the model more tokens, so more
+    computation, per answer (a "scratchpad": Nye et al., 2021, "Show your work")."""
+    tens, ones = b // 10 * 10, b % 10
+    mid = a + tens if op == "plus" else a - tens
+    end = mid + ones if op == "plus" else mid - ones
+    return f"{a} {op} {tens} is {mid}. {mid} {op} {ones} is {end}."
+
+
 def arithmetic_sentence(rng: Recorder) -> str:
+    """One sum or difference of two numbers in 0..99 (never negative), worked in steps."""
     op = rng.choice(ARITH_OPS)
     a = rng.randint(0, ARITH_MAX)
-    if op == "plus":
-        b = rng.randint(0, ARITH_MAX)
-        return f"{a} plus {b} is {a + b}."
-    b = rng.randint(0, a)  # never negative
-    return f"{a} minus {b} is {a - b}."
+    b = rng.randint(0, ARITH_MAX) if op == "plus" else rng.randint(0, a)
+    return worked_steps(a, op, b)
 
 
 def arithmetic_document(rng: Recorder) -> str:
@@ -368,11 +384,12 @@ def _verifiable(task: str, prompt: str, answer) -> Example:
 
 
 def make_arithmetic(rng: Recorder) -> Example:
+    """'Add 95 and 42.' -> '95 plus 40 is 135. 135 plus 2 is 137.'; the answer (137) is the last number."""
     op = rng.choice(ARITH_OPS)
     a = rng.randint(0, ARITH_MAX)
     b = rng.randint(0, ARITH_MAX) if op == "plus" else rng.randint(0, a)
     prompt = rng.choice(ARITH_PROMPTS[op]).format(a=a, b=b)
-    return _verifiable("arithmetic", prompt, a + b if op == "plus" else a - b)
+    return Example("arithmetic", prompt, worked_steps(a, op, b), {"answer": str(a + b if op == "plus" else a - b)})
 
 
 def _items(k: int, obj: str) -> str:
@@ -381,7 +398,8 @@ def _items(k: int, obj: str) -> str:
 
 def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_quantity: int | None = None,
                       distractor_p: float | None = None) -> Example:
-    """'Mia has 5 apples. She finds 3 more apples. ...' -> the final count. No count goes below 0."""
+    """'Mia has 5 apples. She finds 13 more apples. She loses 2 apples. How many ...?' -> the count, worked
+    event by event: '5 plus 10 is 15. 15 plus 3 is 18. 18 minus 0 is 18. 18 minus 2 is 16.' No count goes below 0."""
     lo, hi = steps or WP_STEPS
     top = max_quantity or WP_MAX_QUANTITY
     p_distract = WP_DISTRACTOR_P if distractor_p is None else distractor_p
@@ -390,10 +408,11 @@ def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_q
     friend = rng.choice([n for n in NAME_LIST if n != name])
     words = {"name": name, "friend": friend, "pron": subj, "Pron": subj.capitalize(), "obj": objp}
     count = rng.randint(1, top)
-    sentences = [WP_START.format(n=count, items=_items(count, obj), **words)]
+    sentences, work = [WP_START.format(n=count, items=_items(count, obj), **words)], []
     for _ in range(rng.randint(lo, hi)):
         add = count == 0 or (count < top and rng.coin(0.5))
         k = rng.randint(1, top - count) if add else rng.randint(1, count)
+        work.append(worked_steps(count, "plus" if add else "minus", k))
         count += k if add else -k
         sentences.append(rng.choice(WP_ADD if add else WP_SUB).format(k=k, items=_items(k, obj), **words))
     if rng.coin(p_distract):
@@ -401,7 +420,7 @@ def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_q
         d = rng.randint(1, top)
         sentences.insert(rng.randint(1, len(sentences)), WP_DISTRACTOR.format(other=other, d=d, items=_items(d, obj)))
     sentences.append(WP_QUESTION.format(items=OBJECTS[obj], name=name))
-    return _verifiable("word_problem", " ".join(sentences), count)
+    return Example("word_problem", " ".join(sentences), " ".join(work), {"answer": str(count)})
 
 
 def make_list_task(task: str, rng: Recorder) -> Example:
@@ -541,8 +560,19 @@ def story_reward(spec: dict, text: str) -> float:
     return content * p["well_formed"] * p["repetition"] * p["length"]
 
 
+WORKED_TASKS = ("arithmetic", "word_problem")  # answered in worked steps: the last number is the answer
+NUMBER_RUN = re.compile(r"\d+")
+
+
+def final_number(response: str) -> str | None:
+    """The last number written in a response ('... 135 plus 2 is 137.' -> '137'), or None."""
+    numbers = NUMBER_RUN.findall(response)
+    return str(int(numbers[-1])) if numbers else None
+
+
 def gold_reward(example: Example | dict, response: str) -> float:
-    """Exact match (after normalize_answer) for verifiable tasks; story_reward for stories.
+    """Exact match of the final number for worked tasks (arithmetic, word problems), exact match after
+    normalize_answer for the other verifiable tasks, story_reward for stories.
     Accepts an Example, its dict, or an rl_prompts dict."""
     if isinstance(example, Example):
         task, meta = example.task, example.meta
@@ -551,6 +581,8 @@ def gold_reward(example: Example | dict, response: str) -> float:
         meta = example.get("meta") or example.get("spec") or {"answer": example.get("answer")}
     if task == "story":
         return story_reward(meta, response)
+    if task in WORKED_TASKS:
+        return 1.0 if final_number(response) == str(int(meta["answer"])) else 0.0
     return 1.0 if normalize_answer(response) == normalize_answer(str(meta["answer"])) else 0.0
 
 
@@ -666,7 +698,7 @@ FILES = {"pretrain_train": "pretrain_train.txt", "pretrain_val": "pretrain_val.t
 DEFAULT_SIZES = {"n_chars": 4_000_000, "val_fraction": 0.05, "n_sft": 20_000, "n_sft_val": 1_000,
                  "n_pref": 10_000, "n_pref_val": 1_000, "n_rl": 2_000}
 QUICK_SIZES = {"n_chars": 200_000, "n_sft": 500, "n_sft_val": 100, "n_pref": 300, "n_pref_val": 100, "n_rl": 100}  # smoke runs
-GENERATOR_VERSION = 1  # bump when the generator changes, so ensure_datasets regenerates
+GENERATOR_VERSION = 5  # bump when the generator changes, so ensure_datasets regenerates
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -698,7 +730,8 @@ def write_datasets(data_dir: str | Path, seed: int = 0, **sizes) -> dict[str, Pa
         splits[split] = {"n_docs": len(samples), "n_chars": sum(len(s.text) for s in samples), "total_nats": nats,
                          "nats_per_char": nats_per_char(samples), "seed": split_seed, "seconds": round(seconds, 3)}
     for split, n in (("train", sizes["n_sft"]), ("val", sizes["n_sft_val"])):
-        rows = [e.to_dict() for e in generate_instructions(n, f"{seed}/sft/{split}", split=split)]
+        weights = [SFT_WEIGHTS[t] for t in TASKS] if split == "train" else None  # held out: every task alike
+        rows = [e.to_dict() for e in generate_instructions(n, f"{seed}/sft/{split}", weights=weights, split=split)]
         _write_atomic(paths[f"sft_{split}"], _jsonl(rows))
     for split, n in (("train", sizes["n_pref"]), ("val", sizes["n_pref_val"])):
         _write_atomic(paths[f"preferences_{split}"], _jsonl(preference_pairs(n, f"{seed}/pref/{split}", split=split)))
