@@ -2,7 +2,8 @@
 
 Starts from runs/pretrain/ (chapter 4), trains on <|user|> prompt <|assistant|> response <|endoftext|>
 with the loss on the response only (--train-on-prompt to also train on the prompt), and measures, on
-held-out prompts, each task's accuracy (exact match; the gold story score for stories) and the share of
+held-out prompts, each task's accuracy (the gold reward: the final number for sums and word problems, exact
+match for the other verifiable tasks, the gold story score for stories) and the share of
 well-formed answers, before and after. Writes runs/sft/: the model, the tokenizer, metrics.jsonl,
 eval.json, samples.md, accuracy.png, loss.png and report.md.
 
@@ -40,7 +41,7 @@ from llm_from_scratch.train import TrainConfig, train  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", type=Path, help="checkpoint to start from (default runs/pretrain)")
-    ap.add_argument("--steps", type=int, default=1800, help="optimizer steps (default 1800)")
+    ap.add_argument("--steps", type=int, default=1700, help="optimizer steps (default 1700)")
     ap.add_argument("--batch-size", type=int, default=32, help="examples per step (default 32)")
     ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     ap.add_argument("--warmup", type=int, default=50, help="warmup steps (default 50)")
@@ -107,7 +108,7 @@ def main(argv=None) -> dict:
     eval_set = val_examples[: args.eval_examples]
     ctx = model.config.context_length
     batches = SFTBatches(tok, train_examples, ctx, args.batch_size, seed=args.seed, train_on_prompt=args.train_on_prompt)
-    val_batches = SFTBatches(tok, val_examples, ctx, args.batch_size, seed=10_000)
+    val_batches = SFTBatches(tok, val_examples, ctx, args.batch_size, seed=10_000, group=1)  # a fair sample of every task
     print(f"{len(batches.examples):,} training examples ({batches.dropped} longer than the context dropped), "
           f"{len(eval_set)} held-out examples scored; loss on {'prompt and response' if args.train_on_prompt else 'the response only'}")
 

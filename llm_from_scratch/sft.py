@@ -11,7 +11,8 @@ included, so the model learns to stop):
 
 The prompt is context, not something to imitate: its targets are -100 (`data.sft_collate`). Training
 reuses chapter 4's loop; evaluation decodes greedily (batched, KV cache) and scores each task with
-the tiny world's gold reward: exact match for the verifiable tasks, the hidden preference for stories.
+the tiny world's gold reward: the final number for sums and word problems (answered in worked steps),
+exact match for the other verifiable tasks, the hidden preference for stories.
 """
 
 from __future__ import annotations
@@ -87,9 +88,9 @@ def _field(example, name: str):
 
 # ----------------------------------------------------------------------------- evaluation
 
-NUMBER = re.compile(r"\d+")
+NUMBER = tinyworld.NUMBER_RUN
 STEP = r"\d+ (plus|minus) \d+ is \d+\."
-WORKED = re.compile(rf"{STEP}( {STEP})*")  # '95 plus 40 is 135. 135 plus 2 is 137.'
+WORKED = re.compile(rf"{STEP}( {STEP})*")  # '95 plus 40 is 135. 135 plus 2 is 137.': steps, the answer last
 WORD_LIST = re.compile(r"[a-z]+(, [a-z]+)*")
 
 
@@ -129,8 +130,8 @@ def answer(model: GPT, tok: Tokenizer, prompts: list[str], max_new_tokens: int =
 
 def evaluate_tasks(model: GPT, tok: Tokenizer, examples: list, max_new_tokens: int = 96,
                    batch_size: int = 64) -> tuple[dict[str, dict[str, float]], list[dict]]:
-    """Greedy answers to held-out examples -> per task: accuracy (mean gold reward: exact match, or the story
-    score), well_formed (share), n; plus one row per example (task, prompt, response, reward, well_formed)."""
+    """Greedy answers to held-out examples -> per task: accuracy (mean gold reward: 1/0 for the verifiable
+    tasks, the story score for stories), well_formed (share), n; plus one row per example (task, prompt, response, reward, well_formed)."""
     examples = [e if isinstance(e, tinyworld.Example) else tinyworld.Example.from_dict(e) for e in examples]
     answers = answer(model, tok, [e.prompt for e in examples], max_new_tokens, batch_size=batch_size)
     rows, per_task = [], defaultdict(list)

@@ -315,12 +315,17 @@ def worked_steps(a: int, op: str, b: int) -> str:
     return f"{a} {op} {tens} is {mid}. {mid} {op} {ones} is {end}."
 
 
-def arithmetic_sentence(rng: Recorder) -> str:
-    """One sum or difference of two numbers in 0..99 (never negative), worked in steps."""
+def draw_sum(rng: Recorder) -> tuple[int, str, int]:
+    """(a, op, b): a sum or a difference of two numbers in 0..ARITH_MAX, never negative."""
     op = rng.choice(ARITH_OPS)
     a = rng.randint(0, ARITH_MAX)
     b = rng.randint(0, ARITH_MAX) if op == "plus" else rng.randint(0, a)
-    return worked_steps(a, op, b)
+    return a, op, b
+
+
+def arithmetic_sentence(rng: Recorder) -> str:
+    """One sum or difference, worked in steps."""
+    return worked_steps(*draw_sum(rng))
 
 
 def arithmetic_document(rng: Recorder) -> str:
@@ -385,9 +390,7 @@ def _verifiable(task: str, prompt: str, answer) -> Example:
 
 def make_arithmetic(rng: Recorder) -> Example:
     """'Add 95 and 42.' -> '95 plus 40 is 135. 135 plus 2 is 137.'; the answer (137) is the last number."""
-    op = rng.choice(ARITH_OPS)
-    a = rng.randint(0, ARITH_MAX)
-    b = rng.randint(0, ARITH_MAX) if op == "plus" else rng.randint(0, a)
+    a, op, b = draw_sum(rng)
     prompt = rng.choice(ARITH_PROMPTS[op]).format(a=a, b=b)
     return Example("arithmetic", prompt, worked_steps(a, op, b), {"answer": str(a + b if op == "plus" else a - b)})
 

@@ -43,3 +43,28 @@ def test_run_all_quick(quick_env):
         assert f"## Chapter {n}:" in report, f"no report section from {script.name}"
     for folder in ("tokenizer", "pretrain", "sft", "reward_model"):
         assert (runs / folder / "report.md").is_file()
+
+
+def test_reward_model_agreement_by_part_by_hand():
+    sys.path.insert(0, str(ROOT / "chapters"))
+    try:
+        import ch06_reward_model as ch06
+    finally:
+        sys.path.pop(0)
+    import torch
+
+    from llm_from_scratch import tinyworld as tw
+
+    spec = {"name": "Mia", "color": "red", "object": "kite", "mood": "happy"}
+    good = ("Once upon a time, there was a girl named Mia. Mia found a red kite. She played with the red kite all day. "
+            "Then Mia shared the red kite with a friend. Mia was very happy. The end.")
+    sad = good.replace("Mia was very happy.", "Mia was very sad.")  # differs in the ending only
+    other = good.replace("Mia", "Ava")  # differs in the name only
+    rows = []
+    for chosen, rejected in ((good, sad), (sad, good), (good, other), (good, sad.replace("Mia", "Ava"))):
+        rows.append({"spec": spec, "chosen": chosen, "rejected": rejected,
+                     "gold_chosen": tw.story_reward(spec, chosen), "gold_rejected": tw.story_reward(spec, rejected)})
+    # margins r_c - r_r: right on the first ending pair, wrong on the second, wrong on the name pair;
+    # the last pair differs in several parts and is left out
+    out = ch06.agreement_by_part(rows, torch.tensor([1.0, 2.0, -0.5, 3.0]))
+    assert out == {"ending": {"agreement": 0.5, "n": 2}, "name": {"agreement": 0.0, "n": 1}}

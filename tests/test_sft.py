@@ -56,20 +56,22 @@ def test_batches_are_repeatable_and_drop_long_examples(tok):
         SFTBatches(tok, examples[1:], context_length=16, batch_size=4)
 
 
-def test_length_grouped_batches_cover_each_block_and_cut_padding(tok):
-    examples = [{"prompt": "Add 2 and 3.", "response": "2 plus 0 is 2. 2 plus 3 is 5."},
-                {"prompt": "Once upon a time " * 6, "response": "The end."}] * 50
+def test_length_grouped_batches_repeat_cover_blocks_and_cut_padding(tok):
+    examples = [{"prompt": "Add 2 and 3." + " 7" * (i % 9), "response": "2 plus 0 is 2. 2 plus 3 is 5."} for i in range(40)] + \
+               [{"prompt": "Once upon a time " * 6, "response": "The end."}] * 40
     grouped = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1, group=8)
+    again = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1, group=8)  # a resumed run's sampler
     plain = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1, group=1)
-    # the 8 batches of a block are exactly the 32 examples that block drew, each served once
-    block = torch.Generator().manual_seed(1 * 1_000_003 + 0)
-    drawn = torch.randint(0, len(grouped.examples), (32,), generator=block).tolist()
-    assert sorted(i for s in range(8) for i in grouped.indices(s)) == sorted(drawn)
-    assert grouped.indices(3) == grouped.indices(3) and grouped.indices(8) != grouped.indices(0)
+    for step in (0, 5, 8, 77):
+        assert all(torch.equal(u, v) for u, v in zip(grouped.batch(step), again.batch(step)))
+    assert grouped.indices(8) != grouped.indices(0)
+    # the 8 batches of a block are cut from one length-sorted draw: their length ranges do not overlap
+    ranges = sorted((min(n), max(n)) for n in ([len(grouped.examples[i][0]) for i in grouped.indices(s)] for s in range(8)))
+    assert all(hi <= next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:]))
 
     def padding(b, steps=range(16)):
         return sum((b.batch(s)[0] == tok.pad_id).sum().item() for s in steps)
-    assert padding(grouped) < padding(plain) / 2  # two lengths: grouped batches are almost all one length
+    assert padding(grouped) < padding(plain) / 2
     with pytest.raises(ValueError, match="group"):
         SFTBatches(tok, examples, context_length=64, batch_size=4, group=0)
 
@@ -77,7 +79,8 @@ def test_length_grouped_batches_cover_each_block_and_cut_padding(tok):
 @pytest.mark.parametrize("task,response,ended,ok", [
     ("arithmetic", "23 plus 40 is 63. 63 plus 5 is 68.", True, True), ("arithmetic", "23 plus 0 is 23.", True, True),
     ("arithmetic", "23 plus 40 is 63. 63 plus 5 is 68.", False, False), ("arithmetic", "68", True, False),
-    ("arithmetic", "23 plus 40 is 63. 63 plus 5 is", True, False), ("word_problem", "5 minus 2 is 3.", True, True),
+    ("arithmetic", "23 plus 40 is 63. 63 plus 5 is", True, False), ("word_problem", "5 minus 0 is 5. 5 minus 2 is 3.", True, True),
+    ("word_problem", "5 minus 0 is 5. 5 minus 2 is 3. 3 plus", True, False),
     ("count", "4", True, True), ("count", "four", True, False),
     ("sort", "cat, dog", True, True), ("sort", "cat dog", True, False), ("qa", "the park", True, True),
     ("qa", "", True, False), ("story", "Mia had a kite. The end.", True, True), ("story", "Mia had a kite.", True, False),
