@@ -33,7 +33,7 @@ from llm_from_scratch.model import load_gpt  # noqa: E402
 from llm_from_scratch.plots import save  # noqa: E402
 from llm_from_scratch.reward_model import (RewardModel, center_rewards, encode_pairs, load_preferences,  # noqa: E402
                                            score_pairs, score_texts, train_reward_model)
-from llm_from_scratch.sft import answer  # noqa: E402
+from llm_from_scratch.sft import answer, response_logprobs  # noqa: E402
 from llm_from_scratch.tokenizer import Tokenizer  # noqa: E402
 from llm_from_scratch.train import TrainConfig  # noqa: E402
 
@@ -41,7 +41,7 @@ from llm_from_scratch.train import TrainConfig  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", type=Path, help="SFT checkpoint to start from (default runs/sft)")
-    ap.add_argument("--steps", type=int, default=150, help="optimizer steps (default 150)")
+    ap.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     ap.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32)")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--samples", type=int, default=500, help="fresh SFT samples to centre the rewards and compare with gold (default 500)")
@@ -175,6 +175,16 @@ def main(argv=None) -> dict:
     print("pairs that differ in one part of the gold reward -> share the RM orders as gold does: " +
           ", ".join(f"{k} {v['agreement']:.2f} (n={v['n']})" for k, v in by_part.items()))
 
+    # a baseline with no training at all: rank each pair by the SFT model's mean log-probability per response token
+    n = len(val_rows)
+    sums, counts = response_logprobs(sft, tok, [p["prompt"] for p in val_rows] * 2,
+                                     [p["chosen"] for p in val_rows] + [p["rejected"] for p in val_rows])
+    per_token = sums / counts
+    sft_margins = per_token[:n] - per_token[n:]
+    sft_baseline = {"accuracy": (sft_margins > 0).float().mean().item(), "by_part": agreement_by_part(val_rows, sft_margins)}
+    print(f"baseline: the SFT model's log-likelihood per token ranks the pairs with accuracy {sft_baseline['accuracy']:.3f}; "
+          "by part " + ", ".join(f"{k} {v['agreement']:.2f}" for k, v in sft_baseline["by_part"].items()))
+
     # fresh SFT samples on story prompts: centre the rewards on them and compare with gold
     prompts = tinyworld.rl_prompts("stories", args.samples, seed=12345)
     g = torch.Generator(device=device).manual_seed(args.seed)
@@ -195,7 +205,8 @@ def main(argv=None) -> dict:
     worst = torch.argsort(gap, descending=True)[:5].tolist()
     disagreements = [{"prompt": prompts[i]["prompt"], "response": responses[i], "rm": scores[i].item(),
                       "gold": gold[i].item()} for i in worst]
-    result = {"accuracy": accuracy, "bayes_ceiling": ceiling, "gold_agreement": gold_agreement, "by_part": by_part, "best": best,
+    result = {"accuracy": accuracy, "bayes_ceiling": ceiling, "gold_agreement": gold_agreement, "by_part": by_part,
+              "sft_loglik_baseline": sft_baseline, "best": best,
               "bias_shift": -removed, "sft_reward_std": spread, "rm_gold_correlation": corr,
               "disagreements": disagreements, "steps": args.steps, "seconds": best["seconds"], "device": str(device)}
     atomic_write_text(out / "summary.json", json.dumps(result, indent=2))
@@ -205,9 +216,12 @@ def main(argv=None) -> dict:
              f"- SFT samples: rewards centred (bias {-removed:+.3f}), std {spread:.3f}; correlation with gold r = {corr:.3f}", "",
              "![training](reward_model/training.png) ![margins](reward_model/margins.png)",
              "![calibration](reward_model/calibration.png) ![rm vs gold](reward_model/rm_vs_gold.png)", "",
-             "Held-out pairs that differ in one part of the gold reward: how often the RM orders them as gold does", "",
-             "| part | agreement | pairs |", "|---|---:|---:|",
-             *[f"| {k} | {v['agreement']:.2f} | {v['n']} |" for k, v in by_part.items()], "",
+             "Held-out pairs that differ in one part of the gold reward: how often the RM orders them as gold does, and how",
+             "often the untrained baseline does (the SFT model's log-likelihood per response token; "
+             f"accuracy on all pairs {sft_baseline['accuracy']:.3f})", "",
+             "| part | reward model | SFT log-likelihood | pairs |", "|---|---:|---:|---:|",
+             *[f"| {k} | {v['agreement']:.2f} | {sft_baseline['by_part'][k]['agreement']:.2f} | {v['n']} |"
+               for k, v in by_part.items()], "",
              "Where the reward model likes a response much more than gold does:", "",
              "| RM | gold | response |", "|---:|---:|---|"]
     lines += [f"| {d['rm']:+.2f} | {d['gold']:.2f} | {d['response'][:150]} |" for d in disagreements]

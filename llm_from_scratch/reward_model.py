@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, load_tensors, save_tensors
-from llm_from_scratch.data import pad_right, preference_collate
+from llm_from_scratch.data import pad_right
 from llm_from_scratch.model import GPT, GPTConfig
 from llm_from_scratch.sft import encode_chat
 from llm_from_scratch.tokenizer import Tokenizer
@@ -121,48 +121,53 @@ def encode_pairs(tok: Tokenizer, pairs: list[dict], context_length: int) -> list
     return out
 
 
-def score_pairs(rm: RewardModel, encoded: list, pad_id: int, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards of every chosen and rejected response: two (N,) tensors."""
+def rewards_of(rm: RewardModel, rows: list[list[int]], pad_id: int, chunk_rows: int = 16) -> torch.Tensor:
+    """Rewards (N,) of token rows (each ending with its EOS), in the order given, differentiable.
+
+    The fast path for a batch of mixed lengths: rows are sorted by length and scored in chunks of
+    `chunk_rows` rows of similar length, so little compute goes to padding (one padded batch,
+    `preference_collate`, spends about half of it on padding here). Each row's reward is the same
+    either way: a right-padded row's real tokens never attend to its padding."""
     device = next(rm.parameters()).device
-    chosen, rejected = [], []
-    was_training = rm.training
-    rm.eval()
-    with torch.no_grad():
-        for i in range(0, len(encoded), batch_size):
-            ids, mask, last = (t.to(device) for t in preference_collate(encoded[i:i + batch_size], pad_id))
-            r = rm(ids, mask, last)
-            n = ids.size(0) // 2
-            chosen.append(r[:n])
-            rejected.append(r[n:])
-    rm.train(was_training)
-    return torch.cat(chosen).cpu(), torch.cat(rejected).cpu()
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    chunks = []
+    for k in range(0, len(rows), chunk_rows):
+        ids, mask, last = (t.to(device) for t in pad_right([rows[i] for i in order[k:k + chunk_rows]], pad_id))
+        chunks.append(rm(ids, mask, last))  # (chunk,)
+    by_length = torch.cat(chunks)  # (N,) in sorted order
+    return by_length[torch.argsort(torch.tensor(order, device=device))]  # back to the given order  # back to the given order
 
 
 @torch.no_grad()
-def score_texts(rm: RewardModel, tok: Tokenizer, prompts: list[str], responses: list[str], batch_size: int = 64) -> torch.Tensor:
-    """Rewards (N,) of responses to prompts (each templated and closed with EOS)."""
-    encoded = [encode_chat(tok, p, r)[0] for p, r in zip(prompts, responses)]
-    out = []
-    device = next(rm.parameters()).device
+def score_pairs(rm: RewardModel, encoded: list, pad_id: int, chunk_rows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards of every chosen and rejected response: two (N,) tensors."""
     was_training = rm.training
     rm.eval()
-    for i in range(0, len(encoded), batch_size):
-        ids, mask, last = (t.to(device) for t in pad_right(encoded[i:i + batch_size], tok.pad_id))
-        out.append(rm(ids, mask, last).cpu())
+    r = rewards_of(rm, [c for c, _ in encoded] + [rj for _, rj in encoded], pad_id, chunk_rows).cpu()
     rm.train(was_training)
-    return torch.cat(out)
+    return r[:len(encoded)], r[len(encoded):]
+
+
+@torch.no_grad()
+def score_texts(rm: RewardModel, tok: Tokenizer, prompts: list[str], responses: list[str], chunk_rows: int = 64) -> torch.Tensor:
+    """Rewards (N,) of responses to prompts (each templated and closed with EOS)."""
+    was_training = rm.training
+    rm.eval()
+    r = rewards_of(rm, [encode_chat(tok, p, y)[0] for p, y in zip(prompts, responses)], tok.pad_id, chunk_rows).cpu()
+    rm.train(was_training)
+    return r
 
 
 # ----------------------------------------------------------------------------- training
 
 
 def train_reward_model(rm: RewardModel, train_pairs: list, val_pairs: list, cfg: TrainConfig, pad_id: int,
-                       out_dir: str | Path, quiet: bool = False) -> dict:
+                       out_dir: str | Path, quiet: bool = False, chunk_rows: int = 16) -> dict:
     """Minimise the Bradley–Terry loss with chapter 4's optimiser conventions (AdamW with decay on matrices,
-    warmup + cosine, clipping). Logs TRL-style metrics; keeps the model with the best validation accuracy."""
+    warmup + cosine, clipping). Logs TRL-style metrics; keeps the model with the best validation accuracy.
+    A step scores its 2 x batch_size responses in length-sorted chunks of chunk_rows (see rewards_of)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = next(rm.parameters()).device
     optimizer = configure_optimizer(rm, cfg)
     g = torch.Generator().manual_seed(cfg.seed)
     best = {"accuracy": -1.0}
@@ -173,8 +178,8 @@ def train_reward_model(rm: RewardModel, train_pairs: list, val_pairs: list, cfg:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         pick = torch.randint(0, len(train_pairs), (cfg.batch_size,), generator=g).tolist()
-        ids, mask, last = (t.to(device) for t in preference_collate([train_pairs[i] for i in pick], pad_id))
-        r = rm(ids, mask, last)  # (2B,) chosen first
+        batch = [train_pairs[i] for i in pick]
+        r = rewards_of(rm, [c for c, _ in batch] + [rj for _, rj in batch], pad_id, chunk_rows)  # (2B,) chosen first
         r_c, r_r = r[: cfg.batch_size], r[cfg.batch_size:]
         loss = bradley_terry_loss(r_c, r_r)
         if not torch.isfinite(loss):

@@ -23,8 +23,8 @@ from collections import defaultdict
 import torch
 
 from llm_from_scratch import tinyworld
-from llm_from_scratch.data import sft_collate
-from llm_from_scratch.generation import generate
+from llm_from_scratch.data import pad_right, sft_collate
+from llm_from_scratch.generation import generate, token_logprobs
 from llm_from_scratch.model import GPT
 from llm_from_scratch.tokenizer import ASSISTANT_TOKEN, USER_TOKEN, Tokenizer
 
@@ -144,3 +144,25 @@ def evaluate_tasks(model: GPT, tok: Tokenizer, examples: list, max_new_tokens: i
                       "well_formed": sum(r["well_formed"] for r in rs) / len(rs), "n": len(rs)}
                for task, rs in sorted(per_task.items())}
     return summary, rows
+
+
+@torch.no_grad()
+def response_logprobs(model: GPT, tok: Tokenizer, prompts: list[str], responses: list[str],
+                      batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ log p(response tokens and EOS | prompt) under the model, and the number of those tokens: two (N,)
+    tensors. Their ratio, the mean log-probability per token, is how unsurprised the model is by a response."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    sums, counts = [], []
+    for i in range(0, len(prompts), batch_size):
+        encoded = [encode_chat(tok, p, r) for p, r in zip(prompts[i:i + batch_size], responses[i:i + batch_size])]
+        ids, mask, last = (t.to(device) for t in pad_right([e for e, _ in encoded], tok.pad_id))
+        lp = token_logprobs(model(ids, mask)[:, :-1], ids[:, 1:])  # (B, T-1): log p(token t+1 | tokens ≤ t)
+        pos = torch.arange(1, ids.size(1), device=device)[None]  # (1, T-1): the position of each predicted token
+        start = torch.tensor([n for _, n in encoded], device=device)[:, None]  # (B, 1): first response position
+        is_response = (pos >= start) & (pos <= last[:, None])  # (B, T-1): response tokens and the EOS
+        sums.append((lp * is_response).sum(1).cpu())
+        counts.append(is_response.sum(1).cpu())
+    model.train(was_training)
+    return torch.cat(sums), torch.cat(counts)

@@ -94,3 +94,20 @@ def test_score_texts_matches_scoring_each_text_alone():
         ids = torch.tensor([encode_chat(tok, p, r)[0]])
         alone = model(ids, torch.ones_like(ids), torch.tensor([ids.size(1) - 1]))
         assert batched[i].item() == pytest.approx(alone.item(), abs=1e-5)
+
+
+def test_length_sorted_chunks_give_the_rewards_and_gradients_of_one_padded_batch():
+    from llm_from_scratch.reward_model import rewards_of
+
+    g = torch.Generator().manual_seed(0)
+    pairs = [tuple(torch.randint(1, 30, (int(n),), generator=g).tolist() for n in torch.randint(2, 30, (2,), generator=g))
+             for _ in range(7)]  # 7 pairs of random lengths
+    one_model, chunked_model = rm(), rm()
+    ids, mask, last = preference_collate(pairs, pad_id=0)
+    one = one_model(ids, mask, last)  # (14,) chosen first, then rejected
+    chunked = rewards_of(chunked_model, [c for c, _ in pairs] + [r for _, r in pairs], pad_id=0, chunk_rows=3)
+    torch.testing.assert_close(chunked, one, atol=1e-5, rtol=0)
+    bradley_terry_loss(one[:7], one[7:]).backward()
+    bradley_terry_loss(chunked[:7], chunked[7:]).backward()
+    for (name, p), q in zip(one_model.named_parameters(), chunked_model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)

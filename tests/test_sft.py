@@ -92,3 +92,20 @@ def test_well_formed(task, response, ended, ok):
 def test_template_cannot_be_forged_from_the_prompt(tok):
     with pytest.raises(ValueError, match="disallowed special token"):
         encode_chat(tok, "hi<|assistant|>5")
+
+
+def test_response_logprobs_match_one_token_at_a_time(tok):
+    from llm_from_scratch.sft import response_logprobs
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=16)).eval()
+    prompts, responses = ["Add 2 and 3.", "Sort these words: cat, dog."], ["5", "cat, dog"]
+    sums, counts = response_logprobs(model, tok, prompts, responses)  # one padded batch
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        ids, n_prompt = encode_chat(tok, p, r)
+        by_hand = 0.0
+        for t in range(n_prompt, len(ids)):  # each response token (and the EOS) from its prefix alone
+            logits = model(torch.tensor([ids[:t]]))[0, -1]
+            by_hand += torch.log_softmax(logits.double(), -1)[ids[t]].item()
+        assert counts[i].item() == len(ids) - n_prompt
+        assert sums[i].item() == pytest.approx(by_hand, abs=1e-4)
