@@ -2,8 +2,9 @@
 
 A reward-model step scores 2 x batch_size responses (chosen and rejected). Padded as one batch
 (`data.preference_collate`), every row is as long as the longest, and the tiny world's preference stories
-run from ~20 to ~200 tokens. `reward_model.rewards_of` sorts the rows by length and scores them in
-chunks of `chunk_rows` similar rows; each reward and gradient is the same (tests/test_reward_model.py).
+run from about 30 to 200 tokens. `reward_model.score_rows` sorts the rows by length and scores them in
+chunks of `chunk_rows` similar rows; each reward and gradient is the same up to float rounding
+(tests/test_reward_model.py).
 On the training pairs and the course's tiny GPT (random weights: speed does not
 depend on them), this prints the share of real (non-padding) tokens and the time of a Bradley–Terry
 forward + backward per step, for each setting, and the ratio.
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llm_from_scratch import tinyworld  # noqa: E402
 from llm_from_scratch.data import preference_collate, tinyworld_dir  # noqa: E402
 from llm_from_scratch.model import GPT, GPTConfig  # noqa: E402
-from llm_from_scratch.reward_model import RewardModel, bradley_terry_loss, encode_pairs, rewards_of  # noqa: E402
+from llm_from_scratch.reward_model import RewardModel, bradley_terry_loss, encode_pairs, score_rows  # noqa: E402
 from llm_from_scratch.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def chunked(rm: RewardModel, pairs: list, pad_id: int, chunk_rows: int) -> tuple
     rows = [c for c, _ in pairs] + [r for _, r in pairs]
     lengths = sorted(len(r) for r in rows)
     padded = sum(max(lengths[k:k + chunk_rows]) * len(lengths[k:k + chunk_rows]) for k in range(0, len(rows), chunk_rows))
-    return rewards_of(rm, rows, pad_id, chunk_rows), padded
+    return score_rows(rm, rows, pad_id, chunk_rows), padded
 
 
 def measure(rm: RewardModel, batches: list, score) -> tuple[float, float]:
@@ -63,6 +64,8 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32, chapter 6's)")
     ap.add_argument("--chunk-rows", type=int, default=16, help="rows per chunk (default 16, train_reward_model's)")
     args = ap.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1 or args.chunk_rows < 1:
+        ap.error("--steps, --batch-size and --chunk-rows must be at least 1")
     torch.manual_seed(0)
     paths = tinyworld.ensure_datasets(tinyworld_dir(False), seed=0)
     rows = tinyworld.read_jsonl(paths["preferences_train"])

@@ -175,15 +175,18 @@ def main(argv=None) -> dict:
     print("pairs that differ in one part of the gold reward -> share the RM orders as gold does: " +
           ", ".join(f"{k} {v['agreement']:.2f} (n={v['n']})" for k, v in by_part.items()))
 
-    # a baseline with no training at all: rank each pair by the SFT model's mean log-probability per response token
+    # a baseline before any preference training: rank each pair by the SFT model's mean log-probability per response token
     n = len(val_rows)
     sums, counts = response_logprobs(sft, tok, [p["prompt"] for p in val_rows] * 2,
                                      [p["chosen"] for p in val_rows] + [p["rejected"] for p in val_rows])
     per_token = sums / counts
     sft_margins = per_token[:n] - per_token[n:]
-    sft_baseline = {"accuracy": (sft_margins > 0).float().mean().item(), "by_part": agreement_by_part(val_rows, sft_margins)}
-    print(f"baseline: the SFT model's log-likelihood per token ranks the pairs with accuracy {sft_baseline['accuracy']:.3f}; "
-          "by part " + ", ".join(f"{k} {v['agreement']:.2f}" for k, v in sft_baseline["by_part"].items()))
+    sft_baseline = {"accuracy": (sft_margins > 0).float().mean().item(),
+                    "gold_agreement": ((sft_margins[decided] > 0) == (gold_sign[decided] > 0)).float().mean().item(),
+                    "by_part": agreement_by_part(val_rows, sft_margins)}
+    print(f"baseline with no preference training, the SFT model's log-likelihood per response token: accuracy "
+          f"{sft_baseline['accuracy']:.3f}, gold agreement {sft_baseline['gold_agreement']:.3f}; by part " +
+          ", ".join(f"{k} {v['agreement']:.2f}" for k, v in sft_baseline["by_part"].items()))
 
     # fresh SFT samples on story prompts: centre the rewards on them and compare with gold
     prompts = tinyworld.rl_prompts("stories", args.samples, seed=12345)
@@ -217,8 +220,9 @@ def main(argv=None) -> dict:
              "![training](reward_model/training.png) ![margins](reward_model/margins.png)",
              "![calibration](reward_model/calibration.png) ![rm vs gold](reward_model/rm_vs_gold.png)", "",
              "Held-out pairs that differ in one part of the gold reward: how often the RM orders them as gold does, and how",
-             "often the untrained baseline does (the SFT model's log-likelihood per response token; "
-             f"accuracy on all pairs {sft_baseline['accuracy']:.3f})", "",
+             "often a baseline with no preference training does: the SFT model's log-likelihood per response token",
+             f"(on all pairs: accuracy {sft_baseline['accuracy']:.3f}, gold agreement {sft_baseline['gold_agreement']:.3f}; "
+             f"the reward model's: {accuracy:.3f}, {gold_agreement:.3f})", "",
              "| part | reward model | SFT log-likelihood | pairs |", "|---|---:|---:|---:|",
              *[f"| {k} | {v['agreement']:.2f} | {sft_baseline['by_part'][k]['agreement']:.2f} | {v['n']} |"
                for k, v in by_part.items()], "",

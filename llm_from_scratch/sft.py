@@ -151,6 +151,8 @@ def response_logprobs(model: GPT, tok: Tokenizer, prompts: list[str], responses:
                       batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ log p(response tokens and EOS | prompt) under the model, and the number of those tokens: two (N,)
     tensors. Their ratio, the mean log-probability per token, is how unsurprised the model is by a response."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

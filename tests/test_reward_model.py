@@ -97,7 +97,7 @@ def test_score_texts_matches_scoring_each_text_alone():
 
 
 def test_length_sorted_chunks_give_the_rewards_and_gradients_of_one_padded_batch():
-    from llm_from_scratch.reward_model import rewards_of
+    from llm_from_scratch.reward_model import score_rows
 
     g = torch.Generator().manual_seed(0)
     pairs = [tuple(torch.randint(1, 30, (int(n),), generator=g).tolist() for n in torch.randint(2, 30, (2,), generator=g))
@@ -105,7 +105,7 @@ def test_length_sorted_chunks_give_the_rewards_and_gradients_of_one_padded_batch
     one_model, chunked_model = rm(), rm()
     ids, mask, last = preference_collate(pairs, pad_id=0)
     one = one_model(ids, mask, last)  # (14,) chosen first, then rejected
-    chunked = rewards_of(chunked_model, [c for c, _ in pairs] + [r for _, r in pairs], pad_id=0, chunk_rows=3)
+    chunked = score_rows(chunked_model, [c for c, _ in pairs] + [r for _, r in pairs], pad_id=0, chunk_rows=3)
     torch.testing.assert_close(chunked, one, atol=1e-5, rtol=0)
     bradley_terry_loss(one[:7], one[7:]).backward()
     bradley_terry_loss(chunked[:7], chunked[7:]).backward()

@@ -101,6 +101,8 @@ def test_response_logprobs_match_one_token_at_a_time(tok):
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=16)).eval()
     prompts, responses = ["Add 2 and 3.", "Sort these words: cat, dog."], ["5", "cat, dog"]
     sums, counts = response_logprobs(model, tok, prompts, responses)  # one padded batch
+    one_by_one = response_logprobs(model, tok, prompts, responses, batch_size=1)
+    torch.testing.assert_close(one_by_one[0], sums, atol=1e-4, rtol=0)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         ids, n_prompt = encode_chat(tok, p, r)
         by_hand = 0.0
