@@ -128,6 +128,14 @@ def agreement_by_part(rows: list[dict], margins: torch.Tensor) -> dict[str, dict
     return {k: {"agreement": sum(v) / len(v), "n": len(v)} for k, v in sorted(out.items(), key=lambda kv: -len(kv[1]))}
 
 
+def ranking_scores(margins: torch.Tensor, gold_sign: torch.Tensor) -> tuple[float, float]:
+    """(accuracy against the noisy labels, agreement with the gold ranking on the pairs gold does not tie)
+    of a ranking given by margins = score(chosen) - score(rejected)."""
+    decided = gold_sign != 0
+    agreement = ((margins[decided] > 0) == (gold_sign[decided] > 0)).float().mean().item()
+    return (margins > 0).float().mean().item(), agreement
+
+
 def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.float() - a.float().mean(), b.float() - b.float().mean()
     denom = (a.norm() * b.norm()).item()
@@ -166,9 +174,7 @@ def main(argv=None) -> dict:
     margins = c - r
     gold_sign = torch.tensor([1.0 if p["gold_chosen"] > p["gold_rejected"] else -1.0 if p["gold_chosen"] < p["gold_rejected"]
                               else 0.0 for p in val_rows])
-    accuracy = (margins > 0).float().mean().item()
-    decided = gold_sign != 0
-    gold_agreement = ((margins[decided] > 0).float() == (gold_sign[decided] > 0).float()).float().mean().item()
+    accuracy, gold_agreement = ranking_scores(margins, gold_sign)
     print(f"held-out accuracy {accuracy:.3f} (Bayes ceiling {ceiling:.3f}, gap {ceiling - accuracy:+.3f}); "
           f"agrees with the gold ranking on {gold_agreement:.3f} of the pairs gold does not tie")
     by_part = agreement_by_part(val_rows, margins)
@@ -181,8 +187,8 @@ def main(argv=None) -> dict:
                                      [p["chosen"] for p in val_rows] + [p["rejected"] for p in val_rows])
     per_token = sums / counts
     sft_margins = per_token[:n] - per_token[n:]
-    sft_baseline = {"accuracy": (sft_margins > 0).float().mean().item(),
-                    "gold_agreement": ((sft_margins[decided] > 0) == (gold_sign[decided] > 0)).float().mean().item(),
+    base_accuracy, base_agreement = ranking_scores(sft_margins, gold_sign)
+    sft_baseline = {"accuracy": base_accuracy, "gold_agreement": base_agreement,
                     "by_part": agreement_by_part(val_rows, sft_margins)}
     print(f"baseline with no preference training, the SFT model's log-likelihood per response token: accuracy "
           f"{sft_baseline['accuracy']:.3f}, gold agreement {sft_baseline['gold_agreement']:.3f}; by part " +
