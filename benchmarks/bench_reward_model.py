@@ -32,8 +32,8 @@ from llm_from_scratch.tokenizer import Tokenizer  # noqa: E402
 
 
 def one_batch(rm: RewardModel, pairs: list, pad_id: int) -> tuple[torch.Tensor, int]:
-    ids, mask, last = preference_collate(pairs, pad_id)
-    return rm(ids, mask, last), ids.numel()
+    ids, mask, _ = preference_collate(pairs, pad_id)
+    return rm(ids, mask), ids.numel()
 
 
 def chunked(rm: RewardModel, pairs: list, pad_id: int, chunk_rows: int) -> tuple[torch.Tensor, int]:

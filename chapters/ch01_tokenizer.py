@@ -21,10 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
 import regex  # noqa: E402
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, write_summary  # noqa: E402
 from llm_from_scratch.data import python_stdlib_text, read_text, tinyworld_dir  # noqa: E402
 from llm_from_scratch.plots import line_plot, merges_plot  # noqa: E402
 from llm_from_scratch.tokenizer import (  # noqa: E402
@@ -51,6 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="output folder (default: runs/tokenizer)")
     ap.add_argument("--quick", action="store_true", help="a smoke run on tiny data (also LLMFS_QUICK=1)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     if args.vocab_size < 256 + len(SPECIAL_TOKENS):
@@ -149,7 +151,7 @@ def main(argv=None) -> dict:
         theirs = tok.encode(sample)
         t_tt = time.perf_counter() - t0
         if ours != theirs:
-            raise SystemExit(f"MISMATCH on {name}: the pure-Python encoder and tiktoken disagree")
+            raise RuntimeError(f"MISMATCH on {name}: the pure-Python encoder and tiktoken disagree")
         say(f"pure-Python encoder == tiktoken on {name}: {len(ours):,} tokens identical (tiktoken {t_py / t_tt:.0f}x faster)")
 
     # 6. save ----------------------------------------------------------------------------------
@@ -167,6 +169,7 @@ def main(argv=None) -> dict:
     append_metrics(out / "metrics.jsonl", summary)
     atomic_write_text(out / "sweep.json", json.dumps(rows, indent=2))
     atomic_write_text(out / "report.md", report(summary, rows, real_name))
+    write_summary(out, summary, args.quick)  # last: marks the run finished (later chapters look for it)
     say(f"saved the tokenizer ({tok.vocab_size} tokens) to {out}")
     return summary
 
@@ -186,4 +189,4 @@ def report(s: dict, rows: list[dict], real_name: str) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

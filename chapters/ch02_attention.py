@@ -22,12 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
 import matplotlib.pyplot as plt  # noqa: E402
 import regex  # noqa: E402
 import torch  # noqa: E402
 
 from llm_from_scratch.attention import CausalSelfAttention, KVCache, causal_mask, explicit_attention  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, write_summary  # noqa: E402
 from llm_from_scratch.device import DEVICE_CHOICES, pick_device, seed_everything  # noqa: E402
 from llm_from_scratch.model import GPT, GPTConfig  # noqa: E402
 from llm_from_scratch.plots import line_plot, save  # noqa: E402
@@ -45,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)} (default auto: the best available)")
     ap.add_argument("--quick", action="store_true", help="a smoke run with fewer timing repeats (also LLMFS_QUICK=1)")
     ap.add_argument("--quiet", action="store_true", help="only the key numbers (no per-token tables)")
+    ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     return args
@@ -410,6 +412,7 @@ def main(argv=None) -> dict:
     except ValueError:  # --out outside the runs folder: links relative to its parent
         rel = out.name
     atomic_write_text(out / "report.md", report(summary, timing, rel))
+    write_summary(out, summary, args.quick)  # last: marks the run finished
     say(f"explicit/sdpa at T={headline_t}: {headline['ratio']:.2f}x; max |explicit - sdpa| = {max(diff_plain, diff_padded, diff_gpt):.2e}; "
         f"saved to {out}")
     return summary
@@ -440,4 +443,4 @@ def report(s: dict, timing: dict, rel: str) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

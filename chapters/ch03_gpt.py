@@ -22,17 +22,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode, runs_root, write_summary  # noqa: E402
 from llm_from_scratch.device import DEVICE_CHOICES, pick_device, seed_everything  # noqa: E402
 from llm_from_scratch.generation import filter_logits, generate, left_pad, sample_next  # noqa: E402
-from llm_from_scratch.model import GPT, PRESETS, GPTConfig, load_gpt  # noqa: E402
+from llm_from_scratch.model import GPT, PRESETS, GPTConfig  # noqa: E402
 from llm_from_scratch.plots import line_plot, save  # noqa: E402
 from llm_from_scratch.tokenizer import Tokenizer  # noqa: E402
+from llm_from_scratch.train import load_gpt  # noqa: E402
 
 PROMPT = "Once upon a time,"
 # A fixed next-token distribution to show what each sampling rule does (10 tokens, logits made up).
@@ -55,21 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="output folder (default: runs/gpt)")
     ap.add_argument("--quick", action="store_true", help="a smoke run with fewer tokens (also LLMFS_QUICK=1)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars (this chapter has none; accepted like every chapter)")
+    ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     return args
-
-
-def load_or_train_tokenizer(folder: Path, say=print) -> Tokenizer:
-    """Chapter 1's tokenizer; if it is missing, a quick one trained on 200,000 chars of the tiny world (and saved there)."""
-    try:
-        return Tokenizer.load(folder)
-    except FileNotFoundError:
-        say(f"no tokenizer in {folder} (run chapters/ch01_tokenizer.py for the real one): training a quick one")
-        text = "\n".join(s.text for s in tinyworld.generate_pretraining(200_000, seed=0))
-        tok = Tokenizer.train(text, 768, progress=False)
-        tok.save(folder)
-        return tok
 
 
 # ----------------------------------------------------------------------------- counting
@@ -192,7 +183,7 @@ def main(argv=None) -> dict:
         f"{'quick' if args.quick else 'full'} run -> {out}")
 
     # 1. the tokenizer of chapter 1 --------------------------------------------------------------
-    tok = load_or_train_tokenizer(root / "tokenizer", say)
+    tok = Tokenizer.load(prerequisite("tokenizer", args.quick))  # chapter 1's (made now if missing: about a minute)
     say(f"tokenizer: {tok.vocab_size} tokens (EOS {tok.eos_id}, PAD {tok.pad_id})")
 
     # 2. the GPT, counted component by component -----------------------------------------------
@@ -252,7 +243,7 @@ def main(argv=None) -> dict:
 
     pretrain = root / "pretrain"
     samples = {}
-    if (pretrain / "config.json").is_file():
+    if finished_run(pretrain) is not None:  # optional: chapter 4 comes later in the course
         trained = load_gpt(pretrain, device=device, vocab_size=tok.vocab_size)
         say(f"\nthe pretrained model of chapter 4 ({pretrain}, {trained.num_params():,} parameters) continues {PROMPT!r}:")
         strategies = {"greedy": dict(temperature=0), "T=0.8": dict(temperature=0.8),
@@ -322,6 +313,7 @@ def main(argv=None) -> dict:
     }
     append_metrics(out / "metrics.jsonl", summary)
     atomic_write_text(out / "report.md", report(summary, counts, out.name))
+    write_summary(out, summary, args.quick)  # last: marks the run finished
     say(f"\nsaved metrics.jsonl, report.md, sampling.png and kv_cache.png to {out}")
     return summary
 
@@ -351,4 +343,4 @@ def report(s: dict, counts: dict, folder: str) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -1,9 +1,14 @@
 """Chapter 4: pretrain a GPT on the tiny world (or on any text with --text).
 
-Tokenizes the corpus with the chapter-1 tokenizer, trains the chosen GPT preset with AdamW (warmup +
-cosine), evaluates the validation loss against the tiny world's entropy floor, prints samples
-before and after, and saves the checkpoint that chapter 5 (SFT) starts from in runs/pretrain/:
-model.safetensors + config.json + the tokenizer, metrics.jsonl and loss.png.
+Tokenizes the corpus with the chapter-1 tokenizer (running chapter 1 first if its run is missing),
+trains the chosen GPT preset with AdamW (warmup + cosine), evaluates the validation loss against the
+tiny world's entropy floor, prints samples before and after, and saves the checkpoint that chapter 5
+(SFT) starts from in runs/pretrain/: model.safetensors + config.json + the tokenizer, metrics.jsonl,
+loss.png and summary.json.
+
+The validation loss is measured on whole validation documents, each window starting at a document
+boundary (data.document_windows), so it is comparable with the entropy floor of the same documents:
+a window cut mid-document has lost the context its first tokens depend on.
 
 Runs resume: run the same command again after Ctrl-C and it continues where it stopped
 (--no-resume starts over).
@@ -15,33 +20,30 @@ Runs resume: run the same command again after Ctrl-C and it continues where it s
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from llm_from_scratch import tinyworld
+from llm_from_scratch.checkpoint import atomic_write_text, prerequisite, quick_mode, read_jsonl, runs_root, write_summary
+from llm_from_scratch.data import WindowSampler, document_windows, read_text, tinyworld_dir
+from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
+from llm_from_scratch.generation import generate
+from llm_from_scratch.model import GPT, PRESETS, GPTConfig
+from llm_from_scratch.plots import loss_plot
+from llm_from_scratch.tokenizer import EOS_TOKEN, Tokenizer
+from llm_from_scratch.train import TrainConfig, fastest_dtype, load_gpt, train
 
-from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import atomic_write_text, quick_mode, read_metrics, runs_root  # noqa: E402
-from llm_from_scratch.data import WindowSampler, read_text, tinyworld_dir  # noqa: E402
-from llm_from_scratch.device import fastest_autocast_dtype, pick_device, seed_everything  # noqa: E402
-from llm_from_scratch.generation import generate  # noqa: E402
-from llm_from_scratch.model import GPT, PRESETS, GPTConfig, load_gpt  # noqa: E402
-from llm_from_scratch.plots import loss_plot  # noqa: E402
-from llm_from_scratch.tokenizer import EOS_TOKEN, Tokenizer  # noqa: E402
-from llm_from_scratch.train import TrainConfig, train  # noqa: E402
-
-PROMPTS = ["Once upon a time,", "Mia found a", "23 plus 40 is", "Cats say"]
+PROMPTS = ["Once upon a time,", "Mia found a", "23 plus 45:", "Cats say"]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    ap = cli.parser(__doc__)
     ap.add_argument("--preset", default="tiny", choices=[p for p in PRESETS if not p.startswith("gpt2")], help="model size (default tiny)")
     ap.add_argument("--text", type=Path, help="pretrain on this UTF-8 file instead of the tiny world (last 5%% = validation)")
     ap.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: runs/tokenizer; with --text, one is trained)")
@@ -52,15 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=50, help="warmup steps (default 50)")
     ap.add_argument("--dropout", type=float, default=0.0, help="dropout (default 0: the tiny world is plentiful)")
     ap.add_argument("--eval-interval", type=int, default=100, help="steps between validation runs (default 100)")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                    help="autocast precision; auto = bfloat16 only where this device runs it faster (measured at start)")
     ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="torch.compile; auto = on for CUDA only")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto: cuda, then mps, then cpu)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, help="output folder (default runs/pretrain)")
     ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
-    ap.add_argument("--quick", action="store_true", help="a smoke run (also LLMFS_QUICK=1)")
-    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    cli.add_common_args(ap, "pretrain", dtype=True)
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     if args.quick:
@@ -71,7 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def load_corpus(args, tok_dir: Path):
+def load_corpus(args, root: Path):
     """(tokenizer, train token ids, val token ids, entropy floor in nats/token or None)."""
     if args.text:
         text = read_text(args.text)
@@ -84,17 +80,12 @@ def load_corpus(args, tok_dir: Path):
         paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
         train_text = paths["pretrain_train"].read_text(encoding="utf-8")
         val_text = paths["pretrain_val"].read_text(encoding="utf-8")
-        if (args.tokenizer or tok_dir).is_dir():
-            tok = Tokenizer.load(args.tokenizer or tok_dir)
-        else:
-            print(f"no tokenizer in {tok_dir}: training the course tokenizer (chapter 1) on the tiny world")
-            tok = Tokenizer.train(train_text.replace(tinyworld.DOC_SEPARATOR, "\n"), 768)
-            tok.save(tok_dir)
+        tok = Tokenizer.load(args.tokenizer or prerequisite("tokenizer", args.quick))
         floor = json.loads(paths["pretrain_meta"].read_text())["splits"]["val"]["total_nats"]
     train_ids = np.array(tok.encode(train_text, allowed_special={EOS_TOKEN}), dtype=np.int64)
     val_ids = np.array(tok.encode(val_text, allowed_special={EOS_TOKEN}), dtype=np.int64)
     if floor is not None:
-        floor /= len(val_ids)  # total nats of the validation documents / their tokens
+        floor /= len(val_ids)  # total nats of the validation documents / their tokens, each document's EOS included
     return tok, train_ids, val_ids, floor
 
 
@@ -114,16 +105,26 @@ def main(argv=None) -> dict:
     device = pick_device(args.device)
     seed_everything(args.seed)
 
-    tok, train_ids, val_ids, floor = load_corpus(args, root / "tokenizer")
+    tok, train_ids, val_ids, floor = load_corpus(args, root)
     preset = dict(PRESETS[args.preset])
     if args.context > preset["context_length"]:
-        raise SystemExit(f"--context {args.context} is longer than the {args.preset} preset's {preset['context_length']}")
+        raise ValueError(f"--context {args.context} is longer than the {args.preset} preset's {preset['context_length']}")
     config = GPTConfig.preset(args.preset, vocab_size=tok.vocab_size, dropout=args.dropout)
     model = GPT(config).to(device)
 
-    dtype = {"auto": fastest_autocast_dtype(device), "float32": None, "bfloat16": torch.bfloat16}[args.dtype]
+    sampler = WindowSampler(train_ids, args.context, args.batch_size, seed=args.seed)
+    timing = {}
+
+    def measure() -> str:  # --dtype auto on a CPU: the faster of the two on this model's own training step
+        choice, seconds = fastest_dtype(model, [sampler.batch(0)])
+        timing.update(seconds)
+        return choice
+
+    dtype = choose_dtype(args.dtype, device, measure)
+    why = (f" (auto: a training step took {timing['float32'] * 1e3:.0f} ms in float32, {timing['bfloat16'] * 1e3:.0f} ms "
+           f"in bfloat16)" if timing else " (auto)" if args.dtype == "auto" else "")
     compile_ = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
-    print(f"device {device} | precision {'bfloat16 autocast' if dtype else 'float32'} | compile {'on' if compile_ else 'off'}"
+    print(f"device {device} | precision {dtype}{why} | compile {'on' if compile_ else 'off'}"
           f" | {model.num_params():,} parameters | {len(train_ids):,} training tokens, {len(val_ids):,} validation tokens")
     if floor is not None:
         print(f"entropy floor of the validation text: {floor:.4f} nats/token")
@@ -131,10 +132,18 @@ def main(argv=None) -> dict:
     cfg = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
                       warmup_steps=args.warmup, eval_interval=args.eval_interval, checkpoint_interval=args.eval_interval,
                       log_interval=max(1, min(10, args.eval_interval // 2)), eval_batches=20,
-                      dtype="bfloat16" if dtype else "float32", compile=compile_, seed=args.seed)
-    sampler = WindowSampler(train_ids, args.context, args.batch_size, seed=args.seed)
-    val_sampler = WindowSampler(val_ids, args.context, args.batch_size, seed=10_000 + args.seed)
-    val_batches = lambda: [val_sampler.batch(i) for i in range(cfg.eval_batches)]  # noqa: E731  the same windows every time
+                      dtype=dtype, compile=compile_, seed=args.seed)
+    if floor is not None:  # whole documents from their start: the floor's own terms
+        val_set, skipped = document_windows(val_ids, tok.eos_id, args.context, args.batch_size, tok.pad_id)
+        if skipped:
+            raise ValueError(f"{skipped} validation documents are longer than --context {args.context}: the floor would "
+                             f"not be like for like; use a longer --context")
+        print(f"validation: all {int(sum((y != -100).sum() for _, y in val_set)):,} tokens of the validation documents, "
+              f"in {len(val_set)} batches of windows that start at a document boundary")
+    else:  # any text: random windows, the same ones every time
+        val_sampler = WindowSampler(val_ids, args.context, args.batch_size, seed=10_000 + args.seed)
+        val_set = [val_sampler.batch(i) for i in range(cfg.eval_batches)]
+    val_batches = lambda: val_set  # noqa: E731
 
     resuming = (out / "last" / "train_state.pt").is_file()
     before = samples(model, tok, temperature=1.0) if not resuming else []
@@ -147,22 +156,20 @@ def main(argv=None) -> dict:
                         on_eval=lambda step, m: {"samples": samples(m, tok, temperature=0.0)})
     except KeyboardInterrupt:
         raise SystemExit(130)
-    except FloatingPointError as err:
-        raise SystemExit(f"stopped: {err}")
     seconds = time.perf_counter() - t0
 
     best = load_gpt(out, device=device, vocab_size=tok.vocab_size)
     after = samples(best, tok, temperature=0.8, seed=1)
     for s in after:
         print("  after  | " + s.replace("\n", " "))
-    records = read_metrics(out / "metrics.jsonl")
+    records = read_jsonl(out / "metrics.jsonl")
     loss_plot(records, out / "loss.png", floor=floor, title=f"Pretraining the {args.preset} GPT")
     result = {"preset": args.preset, "params": model.num_params(), "steps": args.steps, "seconds_this_run": seconds,
               "tokens": summary["tokens"], "best_val_loss": summary["best_val"], "entropy_floor": floor,
               "gap_to_floor": None if floor is None else summary["best_val"] - floor, "device": str(device),
-              "precision": cfg.dtype, "compile": compile_}
-    atomic_write_text(out / "summary.json", json.dumps(result, indent=2))
+              "precision": cfg.dtype, "precision_step_seconds": timing or None, "compile": compile_, "validation": "document windows" if floor is not None else "random windows"}
     atomic_write_text(out / "report.md", report(result, before, after))
+    write_summary(out, result, args.quick)  # last: marks the run finished
     if floor is not None:
         print(f"best validation loss {summary['best_val']:.4f} nats/token; floor {floor:.4f}; gap {summary['best_val'] - floor:.4f}")
     print(f"trained {summary['tokens']:,} tokens in {seconds / 60:.1f} min; checkpoint in {out}")
@@ -182,4 +189,4 @@ def report(r: dict, before: list[str], after: list[str]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -13,43 +13,34 @@ optimised against this reward model will exploit). Writes runs/reward_model/.
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+import matplotlib.pyplot as plt
+import torch
 
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import atomic_write_text, quick_mode, read_metrics, runs_root  # noqa: E402
-from llm_from_scratch.data import tinyworld_dir  # noqa: E402
-from llm_from_scratch.device import pick_device, seed_everything  # noqa: E402
-from llm_from_scratch.model import load_gpt  # noqa: E402
-from llm_from_scratch.plots import save  # noqa: E402
-from llm_from_scratch.reward_model import (RewardModel, center_rewards, encode_pairs, load_preferences,  # noqa: E402
-                                           score_pairs, score_texts, train_reward_model)
-from llm_from_scratch.sft import answer, response_logprobs  # noqa: E402
-from llm_from_scratch.tokenizer import Tokenizer  # noqa: E402
-from llm_from_scratch.train import TrainConfig  # noqa: E402
+from llm_from_scratch import tinyworld
+from llm_from_scratch.checkpoint import (atomic_write_text, prerequisite, quick_mode, read_jsonl, require_real, runs_root,
+                                         write_summary)
+from llm_from_scratch.data import tinyworld_dir
+from llm_from_scratch.device import pick_device, seed_everything
+from llm_from_scratch.plots import save
+from llm_from_scratch.reward_model import (RewardConfig, RewardModel, agreement_by_part, center_rewards, encode_pairs,
+                                           gold_sign, load_preferences, pearson, ranking_scores, score_pairs, score_texts,
+                                           spearman, train_reward_model)
+from llm_from_scratch.sft import answer, response_logprobs
+from llm_from_scratch.tokenizer import Tokenizer
+from llm_from_scratch.train import load_gpt
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    ap = cli.parser(__doc__)
     ap.add_argument("--init", type=Path, help="SFT checkpoint to start from (default runs/sft)")
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     ap.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32)")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--samples", type=int, default=500, help="fresh SFT samples to centre the rewards and compare with gold (default 500)")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, help="output folder (default runs/reward_model)")
-    ap.add_argument("--quick", action="store_true", help="a smoke run (also LLMFS_QUICK=1)")
-    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    cli.add_common_args(ap, "reward_model")
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     if args.quick:
@@ -57,15 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def ensure_sft(root: Path, quick: bool) -> Path:
-    folder = root / "sft"
-    if not (folder / "eval.json").is_file():  # written when a chapter-5 run finishes
-        print(f"no SFT model in {folder}: making a quick one with chapters/ch05_sft.py --quick (run chapter 5 for real results)")
-        subprocess.run([sys.executable, str(ROOT / "chapters" / "ch05_sft.py"), "--quick", "--quiet", "--out", str(folder)], check=True)
-    return folder
-
-
-def figures(out: Path, records: list, margins: torch.Tensor, gold_sign: torch.Tensor, rm_scores, gold_scores):
+def figures(out: Path, records: list, margins: torch.Tensor, gold: torch.Tensor, rm_scores, gold_scores):
     # 1. training curves
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
     tr = [(r["step"], r["loss/train"], r["rewards/accuracies"]) for r in records if "loss/train" in r]
@@ -83,8 +66,8 @@ def figures(out: Path, records: list, margins: torch.Tensor, gold_sign: torch.Te
     save(fig, out / "training.png")
     # 2. margins on held-out pairs, split by whether the (noisy) label agrees with the gold reward
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(margins[gold_sign > 0].numpy(), bins=40, alpha=0.6, label="label agrees with gold")
-    ax.hist(margins[gold_sign < 0].numpy(), bins=40, alpha=0.6, label="label went against gold (noise)")
+    ax.hist(margins[gold > 0].numpy(), bins=40, alpha=0.6, label="label agrees with gold")
+    ax.hist(margins[gold < 0].numpy(), bins=40, alpha=0.6, label="label went against gold (noise)")
     ax.axvline(0, color="black", linewidth=1)
     ax.set(xlabel="r(chosen) − r(rejected)", ylabel="pairs", title="Reward margins on held-out pairs")
     ax.legend()
@@ -114,34 +97,6 @@ def figures(out: Path, records: list, margins: torch.Tensor, gold_sign: torch.Te
     save(fig, out / "rm_vs_gold.png")
 
 
-def agreement_by_part(rows: list[dict], margins: torch.Tensor) -> dict[str, dict]:
-    """For held-out pairs whose two stories differ in exactly one part of the gold reward (name, object, ending,
-    well_formed, repetition, length): how often the reward model orders them as gold does. The parts it gets
-    wrong are what it has not learned to see."""
-    out: dict[str, list[int]] = {}
-    for row, m in zip(rows, margins.tolist()):
-        pc, pr = (tinyworld.story_reward_parts(row["spec"], row[k]) for k in ("chosen", "rejected"))
-        differ = [k for k in pc if abs(pc[k] - pr[k]) > 1e-9]
-        if len(differ) == 1 and row["gold_chosen"] != row["gold_rejected"]:
-            agree = (m > 0) == (row["gold_chosen"] > row["gold_rejected"])
-            out.setdefault(differ[0], []).append(int(agree))
-    return {k: {"agreement": sum(v) / len(v), "n": len(v)} for k, v in sorted(out.items(), key=lambda kv: -len(kv[1]))}
-
-
-def ranking_scores(margins: torch.Tensor, gold_sign: torch.Tensor) -> tuple[float, float]:
-    """(accuracy against the noisy labels, agreement with the gold ranking on the pairs gold does not tie)
-    of a ranking given by margins = score(chosen) - score(rejected)."""
-    decided = gold_sign != 0
-    agreement = ((margins[decided] > 0) == (gold_sign[decided] > 0)).float().mean().item()
-    return (margins > 0).float().mean().item(), agreement
-
-
-def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float() - a.float().mean(), b.float() - b.float().mean()
-    denom = (a.norm() * b.norm()).item()
-    return (a @ b).item() / denom if denom > 0 else float("nan")
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     root = runs_root(args.quick)
@@ -149,7 +104,8 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     device = pick_device(args.device)
     seed_everything(args.seed)
-    init = args.init or ensure_sft(root, args.quick)
+    init = args.init or prerequisite("sft", args.quick)
+    require_real(init, args.quick)
     tok = Tokenizer.load(init)
     sft = load_gpt(init, device=device, vocab_size=tok.vocab_size)
     rm = RewardModel(load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0)).to(device)
@@ -161,23 +117,22 @@ def main(argv=None) -> dict:
     ctx = rm.gpt.config.context_length
     train_pairs, val_pairs = encode_pairs(tok, train_rows, ctx), encode_pairs(tok, val_rows, ctx)
     if len(val_pairs) != len(val_rows):
-        raise SystemExit("some held-out pairs do not fit the context; the comparison with the Bayes ceiling needs them all")
+        raise ValueError("some held-out pairs do not fit the context; the comparison with the Bayes ceiling needs them all")
     ceiling = tinyworld.bayes_accuracy(val_rows)
     print(f"{len(train_pairs):,} training pairs, {len(val_pairs):,} held-out pairs; Bayes ceiling of the held-out labels {ceiling:.3f}")
 
-    cfg = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
-                      warmup_steps=max(1, args.steps // 20), eval_interval=max(10, args.steps // 3), log_interval=10,
-                      weight_decay=0.0, seed=args.seed)
+    cfg = RewardConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
+                       warmup_steps=max(1, args.steps // 20), eval_interval=max(10, args.steps // 3), seed=args.seed)
     best = train_reward_model(rm, train_pairs, val_pairs, cfg, tok.pad_id, out, quiet=args.quiet)
-    rm = RewardModel.load(out, device=device)
+    rm = RewardModel.load(out, device=device, vocab_size=tok.vocab_size)
     c, r = score_pairs(rm, val_pairs, tok.pad_id)
     margins = c - r
-    gold_sign = torch.tensor([1.0 if p["gold_chosen"] > p["gold_rejected"] else -1.0 if p["gold_chosen"] < p["gold_rejected"]
-                              else 0.0 for p in val_rows])
-    accuracy, gold_agreement = ranking_scores(margins, gold_sign)
+    gold = gold_sign(val_rows)
+    parts = [tuple(tinyworld.story_reward_parts(p["spec"], p[k]) for k in ("chosen", "rejected")) for p in val_rows]
+    accuracy, gold_agreement = ranking_scores(margins, gold)
     print(f"held-out accuracy {accuracy:.3f} (Bayes ceiling {ceiling:.3f}, gap {ceiling - accuracy:+.3f}); "
           f"agrees with the gold ranking on {gold_agreement:.3f} of the pairs gold does not tie")
-    by_part = agreement_by_part(val_rows, margins)
+    by_part = agreement_by_part(parts, margins, gold)
     print("pairs that differ in one part of the gold reward -> share the RM orders as gold does: " +
           ", ".join(f"{k} {v['agreement']:.2f} (n={v['n']})" for k, v in by_part.items()))
 
@@ -187,9 +142,9 @@ def main(argv=None) -> dict:
                                      [p["chosen"] for p in val_rows] + [p["rejected"] for p in val_rows])
     per_token = sums / counts
     sft_margins = per_token[:n] - per_token[n:]
-    base_accuracy, base_agreement = ranking_scores(sft_margins, gold_sign)
+    base_accuracy, base_agreement = ranking_scores(sft_margins, gold)
     sft_baseline = {"accuracy": base_accuracy, "gold_agreement": base_agreement,
-                    "by_part": agreement_by_part(val_rows, sft_margins)}
+                    "by_part": agreement_by_part(parts, sft_margins, gold)}
     print(f"baseline with no preference training, the SFT model's log-likelihood per response token: accuracy "
           f"{sft_baseline['accuracy']:.3f}, gold agreement {sft_baseline['gold_agreement']:.3f}; by part " +
           ", ".join(f"{k} {v['agreement']:.2f}" for k, v in sft_baseline["by_part"].items()))
@@ -203,26 +158,28 @@ def main(argv=None) -> dict:
     rm.save(out)
     tok.save(out)
     scores = scores - removed
-    gold = torch.tensor([tinyworld.story_reward(p["spec"], resp) for p, resp in zip(prompts, responses)])
-    corr = pearson(scores, gold)
-    print(f"bias shifted by {-removed:+.3f}: SFT samples now score 0 ± {spread:.3f}; correlation with gold on them r = {corr:.3f}")
-    figures(out, read_metrics(out / "metrics.jsonl"), margins, gold_sign, scores.tolist(), gold.tolist())
+    gold_scores = torch.tensor([tinyworld.story_reward(p["spec"], resp) for p, resp in zip(prompts, responses)])
+    corr, rank_corr = pearson(scores, gold_scores), spearman(scores, gold_scores)
+    print(f"bias shifted by {-removed:+.3f}: SFT samples now score 0 ± {spread:.3f}; correlation with gold on them "
+          f"r = {corr:.3f} (Pearson), ρ = {rank_corr:.3f} (Spearman)")
+    figures(out, read_jsonl(out / "metrics.jsonl"), margins, gold, scores.tolist(), gold_scores.tolist())
 
     # where the reward model and gold disagree most: the openings a policy will find
     z = lambda t: (t - t.mean()) / (t.std() + 1e-8)  # noqa: E731
-    gap = z(scores) - z(gold)
+    gap = z(scores) - z(gold_scores)
     worst = torch.argsort(gap, descending=True)[:5].tolist()
     disagreements = [{"prompt": prompts[i]["prompt"], "response": responses[i], "rm": scores[i].item(),
-                      "gold": gold[i].item()} for i in worst]
+                      "gold": gold_scores[i].item()} for i in worst]
     result = {"accuracy": accuracy, "bayes_ceiling": ceiling, "gold_agreement": gold_agreement, "by_part": by_part,
               "sft_loglik_baseline": sft_baseline, "best": best,
-              "bias_shift": -removed, "sft_reward_std": spread, "rm_gold_correlation": corr,
-              "disagreements": disagreements, "steps": args.steps, "seconds": best["seconds"], "device": str(device)}
-    atomic_write_text(out / "summary.json", json.dumps(result, indent=2))
+              "bias_shift": -removed, "sft_reward_std": spread, "rm_gold_correlation": corr, "rm_gold_spearman": rank_corr,
+              "disagreements": disagreements, "steps": args.steps, "seconds": best["seconds"], "device": str(device),
+              "precision": "float32"}
     lines = ["## Chapter 6: the reward model", "",
              f"- held-out pairwise accuracy **{accuracy:.3f}**; Bayes ceiling of the noisy labels {ceiling:.3f}",
              f"- {args.steps} steps in {best['seconds'] / 60:.1f} min on {device}",
-             f"- SFT samples: rewards centred (bias {-removed:+.3f}), std {spread:.3f}; correlation with gold r = {corr:.3f}", "",
+             f"- SFT samples: rewards centred (bias {-removed:+.3f}), std {spread:.3f}; correlation with gold "
+             f"r = {corr:.3f} (Pearson), ρ = {rank_corr:.3f} (Spearman)", "",
              "![training](reward_model/training.png) ![margins](reward_model/margins.png)",
              "![calibration](reward_model/calibration.png) ![rm vs gold](reward_model/rm_vs_gold.png)", "",
              "Held-out pairs that differ in one part of the gold reward: how often the RM orders them as gold does, and how",
@@ -236,8 +193,9 @@ def main(argv=None) -> dict:
              "| RM | gold | response |", "|---:|---:|---|"]
     lines += [f"| {d['rm']:+.2f} | {d['gold']:.2f} | {d['response'][:150]} |" for d in disagreements]
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
+    write_summary(out, result, args.quick)  # last: marks the run finished
     return result
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

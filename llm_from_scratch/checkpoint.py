@@ -1,10 +1,18 @@
-"""Runs on disk: where they live, their metrics, and files that survive a crash.
+"""Runs on disk: where they live, their metrics, model checkpoints, and files that survive a crash.
 
 Atomic writes: write a temp file in the same folder, fsync, then `os.replace` it over the target.
 `os.replace` is atomic when source and target are on the same file system, so a reader sees either
 the old file or the new one, never half of one, and a crash mid-write loses nothing already saved.
 
-Later chapters add the model checkpoints here (safetensors weights + JSON config).
+One checkpoint format for every kind of model: a folder with `model.safetensors` (the weights, never a
+pickle) and `config.json` = {"kind": "gpt" | "reward_model" | ..., "config": {...}}, enough to rebuild the
+module before its weights are loaded. Tensors that share storage (a tied LM head and token embedding)
+are stored once and shared again on load. Every error names the folder, the tensor and the chapter
+that rebuilds the run.
+
+Runs: `runs/<stage>/` for real runs, `runs/quick/<stage>/` for smoke runs (`LLMFS_QUICK=1`), so a
+smoke run never lands where a real one belongs; `prerequisite(stage)` finds, or builds, an earlier
+chapter's run for a later one.
 """
 
 from __future__ import annotations
@@ -12,11 +20,19 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import safetensors.torch
 import torch
+import torch.nn as nn
+
+
+_UMASK = os.umask(0o022)  # read the process's umask (the only way is to set it) ...
+os.umask(_UMASK)  # ... and put it back at once
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -25,6 +41,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes the file private (0600); give it the permissions open() would
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -53,32 +70,40 @@ def quick_mode() -> bool:
 
 
 def runs_root(quick: bool | None = None) -> Path:
-    """The folder every run writes into: `$LLMFS_RUNS_DIR` if set, else `runs/` (quick runs: `runs/quick/`,
-    so a smoke run never overwrites the artifacts of a real one)."""
+    """The folder a run writes into: `runs/` (or `$LLMFS_RUNS_DIR`) for real runs, and its `quick/` subfolder for
+    smoke runs, so a smoke run never overwrites, or passes for, the artifacts of a real one."""
     quick = quick_mode() if quick is None else quick
-    if os.environ.get("LLMFS_RUNS_DIR"):
-        return Path(os.environ["LLMFS_RUNS_DIR"])
-    return REPO_ROOT / "runs" / "quick" if quick else REPO_ROOT / "runs"
+    base = Path(os.environ["LLMFS_RUNS_DIR"]) if os.environ.get("LLMFS_RUNS_DIR") else REPO_ROOT / "runs"
+    return base / "quick" if quick else base
 
 
 def append_metrics(path: str | os.PathLike, record: dict) -> None:
-    """Append one JSON line to `metrics.jsonl` (appends of one short line are all-or-nothing in practice)."""
+    """Append one JSON line to `metrics.jsonl` (appends of one short line are all-or-nothing in practice).
+
+    Keys follow one scheme, `section/name`: `loss/train`, `loss/val`, `train/lr`, `train/grad_norm`,
+    `val/accuracy`, `rewards/accuracies`, ... plus the plain counters `step` and `tokens`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """Every record of a `metrics.jsonl`; a malformed line is an error naming the file and line."""
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Every record of a JSONL file (metrics, datasets, preference pairs); a malformed line or a line that is not
+    a JSON object is an error naming the file and line."""
     path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
     records = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {lineno}: not valid JSON ({err.msg})") from err
+                raise ValueError(f"{path}, line {lineno}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}")
+            records.append(record)
     return records
 
 
@@ -101,10 +126,85 @@ def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str
 
 
 def load_tensors(path: str | os.PathLike, device: str = "cpu") -> dict:
+    """The tensors of a safetensors file; a missing, truncated or corrupt file is a CheckpointError naming it."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no weights at {path}")
-    return safetensors.torch.load_file(str(path), device=str(device))
+        raise CheckpointError(f"no weights at {path}{rebuild_hint(path.parent)}")
+    try:
+        return safetensors.torch.load_file(str(path), device=str(device))
+    except Exception as err:  # safetensors raises its own error type (or OSError) on a bad header or short file
+        raise CheckpointError(f"{path} is truncated or corrupt ({type(err).__name__}: {err}){rebuild_hint(path.parent)}") from None
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, corrupt, of the wrong kind, or for another vocabulary."""
+
+
+def save_model(model: nn.Module, folder: str | os.PathLike, kind: str, config: dict) -> Path:
+    """`model.safetensors` (the state dict) + `config.json` ({"kind", "config"}) in `folder`, both atomic."""
+    folder = Path(folder)
+    save_tensors(folder / "model.safetensors", model.state_dict())
+    atomic_write_text(folder / "config.json", json.dumps({"kind": kind, "config": config}, indent=2) + "\n")
+    return folder
+
+
+def read_config(folder: str | os.PathLike, kind: str) -> dict:
+    """The `config` of a checkpoint folder, checked to be of `kind`."""
+    folder = Path(folder)
+    file = folder / "config.json"
+    if not file.is_file():
+        raise CheckpointError(f"{folder} is not a checkpoint folder: {file} does not exist{rebuild_hint(folder)}")
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{file} is not valid JSON ({err.msg}){rebuild_hint(folder)}") from None
+    if not isinstance(meta, dict) or "kind" not in meta or "config" not in meta:
+        raise CheckpointError(f"{file} names no kind of model: it was written by an older version of the course"
+                              f"{rebuild_hint(folder)}")
+    if meta["kind"] != kind:
+        raise CheckpointError(f"{folder} holds a {meta['kind']!r} checkpoint, not a {kind!r} one")
+    return meta["config"]
+
+
+def load_model(folder: str | os.PathLike, kind: str, build: Callable[[dict], nn.Module],
+               device: str | torch.device = "cpu", vocab_size: int | None = None) -> nn.Module:
+    """Rebuild a module from `folder`: `build(config)` makes it (tied weights tied by its constructor), then the
+    weights are loaded. A tensor stored once for several names that share it (a tied head) is loaded into the
+    one parameter they share. `vocab_size`: the tokenizer's, checked against config["vocab_size"]."""
+    folder = Path(folder)
+    config = read_config(folder, kind)
+    if vocab_size is not None and config.get("vocab_size") not in (None, vocab_size):
+        raise CheckpointError(f"the checkpoint in {folder} has a vocabulary of {config['vocab_size']} tokens but the "
+                              f"tokenizer has {vocab_size}: they do not belong together{rebuild_hint(folder)}")
+    model = build(config)
+    load_state(model, folder / "model.safetensors")
+    return model.to(device)
+
+
+def load_state(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load a safetensors file into `model` in place. Names that share one tensor in the model (found by
+    identity, not by name) need only one of them in the file; a missing or unexpected tensor is an error."""
+    path = Path(path)
+    stored = load_tensors(path, device=str(next(model.parameters()).device))
+    shared: dict[int, list[str]] = {}  # one entry per distinct tensor: every name it goes by
+    for name, t in model.state_dict(keep_vars=True).items():
+        shared.setdefault(id(t), []).append(name)
+    state = {}
+    for names in shared.values():
+        found = [n for n in names if n in stored]
+        if not found:
+            raise CheckpointError(f"{path} has no tensor {names[0]!r}{rebuild_hint(path.parent)}")
+        for n in names:
+            state[n] = stored[found[0]]
+    unexpected = sorted(set(stored) - set(state))
+    if unexpected:
+        raise CheckpointError(f"{path} holds tensors this model does not have: {', '.join(unexpected[:5])}"
+                              f"{rebuild_hint(path.parent)}")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:  # a shape mismatch
+        raise CheckpointError(f"{path} does not fit the model built from its config.json: {err}") from None
+    return model
 
 
 def save_train_state(path: str | os.PathLike, state: dict) -> Path:
@@ -117,3 +217,82 @@ def save_train_state(path: str | os.PathLike, state: dict) -> Path:
 
 def load_train_state(path: str | os.PathLike) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# ----------------------------------------------------------------------------- runs that later chapters build on
+
+STAGES = {  # run folder -> (the chapter script that makes it, how long its real run takes on a 2-core CPU)
+    "tokenizer": ("ch01_tokenizer.py", "about a minute"),
+    "pretrain": ("ch04_pretrain.py", "about 6 minutes"),
+    "sft": ("ch05_sft.py", "about 7 minutes"),
+    "reward_model": ("ch06_reward_model.py", "about 4 minutes"),
+}
+
+
+class PrerequisiteError(RuntimeError):
+    """An earlier chapter's run is missing (and may not be built here) or cannot be built on."""
+
+
+def chapter_command(stage: str, quick: bool = False) -> str:
+    return f"python chapters/{STAGES[stage][0]}" + (" --quick" if quick else "")
+
+
+def rebuild_hint(folder: Path) -> str:
+    """'; rebuild it with `python chapters/chNN_....py`' when the folder is (inside) a known run, else ''."""
+    for part in (folder.name, folder.parent.name):
+        if part in STAGES:
+            return f"; rebuild it with `{chapter_command(part, quick='quick' in folder.parts)}`"
+    return ""
+
+
+def shown(path: str | os.PathLike) -> str:
+    """A path as a person should read it: relative to the repository when it is inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def write_summary(folder: str | os.PathLike, summary: dict, quick: bool) -> Path:
+    """`summary.json`, written last by every chapter run: it marks the run finished and records whether it was
+    a quick (smoke) run, so that a real run never builds on a smoke run."""
+    return atomic_write_text(Path(folder) / "summary.json", json.dumps({"quick": quick, **summary}, indent=2))
+
+
+def finished_run(folder: str | os.PathLike) -> dict | None:
+    """The summary of the finished run in `folder`, or None when there is none."""
+    file = Path(folder) / "summary.json"
+    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+
+
+def require_real(folder: str | os.PathLike, quick: bool) -> None:
+    """A real run refuses to start from a quick one (or from one that does not say which it was)."""
+    summary = finished_run(folder) or finished_run(Path(folder).parent)  # a run folder, or its last/ checkpoint
+    if quick or summary is None:
+        return
+    if summary.get("quick") is not False:
+        what = "a quick (smoke) run" if summary.get("quick") else "a run that does not record whether it was quick"
+        raise PrerequisiteError(f"{folder} holds {what}: a real run cannot build on it{rebuild_hint(Path(folder))}")
+
+
+def prerequisite(stage: str, quick: bool | None = None, build: bool = True, quiet: bool = True) -> Path:
+    """The finished run of an earlier chapter that a later one starts from: `runs/<stage>` (quick mode:
+    `runs/quick/<stage>`). When it is missing and `build`, the chapter that makes it runs now with its real
+    defaults (quick mode: as a smoke run, under runs/quick/), saying so and how long it takes; when not
+    `build`, a PrerequisiteError gives the exact command to run."""
+    quick = quick_mode() if quick is None else quick
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}: choose one of {', '.join(STAGES)}")
+    folder = runs_root(quick) / stage
+    command = chapter_command(stage, quick)
+    if finished_run(folder) is not None:
+        require_real(folder, quick)
+        return folder
+    if not build:
+        raise PrerequisiteError(f"no finished {stage} run in {folder}: make it first with `{command}`")
+    print(f"no finished {stage} run in {shown(folder)}: running "
+          f"`{command}` with its defaults now ({'seconds' if quick else STAGES[stage][1]})", flush=True)
+    env = dict(os.environ, LLMFS_QUICK="1" if quick else "0")
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "chapters" / STAGES[stage][0])] + (["--quiet"] if quiet else []),
+                         env=env)
+    if run.returncode != 0 or finished_run(folder) is None:
+        raise PrerequisiteError(f"`{command}` failed (exit code {run.returncode}); run it on its own to see why")
+    return folder

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from llm_from_scratch.checkpoint import REPO_ROOT, quick_mode, runs_root
+from llm_from_scratch.tokenizer import pad_right
 
 
 class TokenWindowDataset(Dataset):
@@ -49,14 +50,6 @@ class TokenWindowDataset(Dataset):
         start = (i % len(self)) * self.stride
         window = self.tokens[start : start + self.context_length + 1]  # (T+1,)
         return window[:-1], window[1:]  # x (T,), y (T,)
-
-
-def make_loader(
-    dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True
-) -> DataLoader:
-    """A DataLoader with its own seeded generator, so the batch order is repeatable (and resumable)."""
-    generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, generator=generator)
 
 
 def read_text(path: str | Path) -> str:
@@ -117,6 +110,44 @@ class WindowSampler:
         return windows[:, :-1], windows[:, 1:]
 
 
+def document_windows(tokens: Sequence[int] | np.ndarray | torch.Tensor, eos_id: int, context_length: int,
+                     batch_size: int, pad_id: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """Validation batches of whole documents, each window starting at a document boundary.
+
+    A random window starts mid-document: its first tokens have lost the context that fixed them, so no
+    model can reach the document-level entropy floor on it. Here every window is one EOS (the boundary)
+    followed by whole documents, each with its closing EOS, packed while they fit in context_length + 1
+    tokens: x = window[:-1], y = window[1:], padded targets -100. Every document that fits a window is
+    scored exactly once, every one of its tokens from its own start, so the mean loss is comparable with
+    the floor Σ(−log p(doc)) / Σ(tokens + 1). Returns (batches, documents that did not fit and were left out).
+    """
+    stream = torch.as_tensor(np.asarray(tokens), dtype=torch.long).tolist()
+    docs, start = [], 0
+    for i, t in enumerate(stream):
+        if t == eos_id:
+            docs.append(stream[start:i + 1])  # the document and its EOS
+            start = i + 1
+    if start < len(stream):
+        docs.append(stream[start:] + [eos_id])
+    rows, row, skipped = [], [eos_id], 0
+    for doc in docs:
+        if 1 + len(doc) > context_length + 1:
+            skipped += 1
+            continue
+        if len(row) + len(doc) > context_length + 1:
+            rows.append(row)
+            row = [eos_id]
+        row = row + doc
+    if len(row) > 1:
+        rows.append(row)
+    batches = []
+    for k in range(0, len(rows), batch_size):
+        ids, mask, _ = pad_right(rows[k:k + batch_size], pad_id)  # (B, T+1)
+        x, y = ids[:, :-1], ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        batches.append((x, y))
+    return batches, skipped
+
+
 # ----------------------------------------------------------------------------- chat data (chapters 5 and 6)
 
 
@@ -137,18 +168,6 @@ def sft_collate(examples: list[tuple[list[int], int]], pad_id: int, train_on_pro
         if not train_on_prompt:
             y[i, : n_prompt - 1] = -100  # targets 1 .. n_prompt-1 are prompt tokens
     return x, y
-
-
-def pad_right(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token-id rows -> ids (N, T) padded on the right, attention mask (N, T), and the index of each row's last
-    real token (N,), where a reward or value head reads its score."""
-    T = max(len(r) for r in rows)
-    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), T), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return ids, mask, mask.sum(dim=1) - 1
 
 
 def preference_collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,13 +6,16 @@
 * `autocast(device)` runs matrix multiplications in bfloat16 on CUDA GPUs that support it
   (Ampere and newer): half the memory traffic, tensor cores, and the same exponent range as float32
   so no loss scaling is needed. Elsewhere it is off unless asked for (`dtype=torch.bfloat16` on CPU).
+* `choose_dtype("auto", device)` is the precision a chapter trains in: bfloat16 on CUDA, float32 on
+  CPU and MPS. On a CPU the course's tiny model is not faster in bfloat16 even where the processor has
+  bf16 units (the matrices are too small for the savings to pay for the conversions), so the choice
+  is made by device, not by timing a large matrix product; `--dtype` overrides it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-import time
 
 import numpy as np
 import torch
@@ -83,24 +86,24 @@ def autocast(device: torch.device | str, dtype: torch.dtype | None | str = "defa
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def fastest_autocast_dtype(device: torch.device | str) -> torch.dtype | None:
-    """bfloat16 if this device multiplies matrices in it clearly faster than in float32, else None (float32).
+DTYPES = ("float32", "bfloat16")
 
-    CUDA: a capability check (bf16 tensor cores on Ampere and newer). CPU: a quick measurement, because
-    it depends on the processor (AMX/AVX-512-BF16 chips are fast in bf16; others emulate it slowly).
-    MPS: float32.
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        return default_autocast_dtype(device)
-    if device.type != "cpu":
-        return None
-    timings = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(256, 256, dtype=dtype)
-        a @ a  # warm up
-        t0 = time.perf_counter()
-        for _ in range(4):
-            a @ a
-        timings[dtype] = time.perf_counter() - t0
-    return torch.bfloat16 if timings[torch.bfloat16] * 1.2 < timings[torch.float32] else None
+
+def choose_dtype(requested: str, device: torch.device | str, measure=None) -> str:
+    """The training precision by name. "float32" or "bfloat16" are taken as asked; "auto" -> "bfloat16" on CUDA
+    GPUs that support it, "float32" on MPS, and on a CPU `measure()` (a function that times the model's own
+    training step and returns the faster precision) when one is given, else "float32"."""
+    if requested == "auto":
+        if torch.device(device).type == "cpu" and measure is not None:
+            return measure()
+        return "bfloat16" if default_autocast_dtype(device) == torch.bfloat16 else "float32"
+    if requested not in DTYPES:
+        raise ValueError(f"unknown dtype {requested!r}: choose auto, {' or '.join(DTYPES)}")
+    return requested
+
+
+def dtype_of(name: str) -> torch.dtype | None:
+    """The autocast dtype for a precision name: None for "float32" (autocast off), torch.bfloat16 for "bfloat16"."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {name!r}")
+    return torch.bfloat16 if name == "bfloat16" else None

@@ -16,7 +16,13 @@ token, reading the keys and values of all earlier ones from the cache. Without i
 the teaching version), every step re-runs the whole sequence. Both give the same tokens.
 
 `token_logprobs` is the other half of every RL chapter: log p(target_t | prefix) for each position,
-computed stably as z_target - logsumexp(z).
+computed stably as z_target - logsumexp(z). `sequence_logprobs(model, ids, attention_mask)` applies it
+to whole rows (a rollout, a chosen or rejected response), with gradients:
+
+    logp[:, t] = log p_T(ids[:, t+1] | ids[:, ≤t]),   p_T ∝ exp(z / T)   (T: the sampling temperature)
+
+shape (B, T-1), aligned with `Generation.completion_mask[:, 1:]`; left- or right-padded rows give the
+values they give alone (position ids follow the mask), and columns without a real target are 0.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from llm_from_scratch.model import GPT
+from llm_from_scratch.model import GPT, eval_mode
 
 
 @dataclass
@@ -100,28 +106,26 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
         raise ValueError(f"generate: {P} prompt tokens + {max_new_tokens} new tokens exceed the context ({limit} tokens); "
                          f"ask for at most {limit - P} new tokens")
 
-    was_training = model.training
-    model.eval()
-    cache = model.new_kv_cache(B, P + max_new_tokens) if use_cache else None
-    all_real = bool(mask.all())  # no padding: the fast causal path needs no mask
-    logits = model(ids, attention_mask=None if all_real else mask, kv_cache=cache)[:, -1]  # (B, V)
-    seq, seq_mask = [ids], [mask]
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
-        token = token.masked_fill(finished, pad_id)
-        seq.append(token[:, None])
-        seq_mask.append((~finished).long()[:, None])
-        if eos_id is not None:
-            finished |= token == eos_id
-        if step == max_new_tokens - 1 or bool(finished.all()):
-            break
-        if use_cache:  # feed only the new token; the cache holds everything before it
-            full_mask = None if all_real and not bool(finished.any()) else torch.cat(seq_mask, dim=1)
-            logits = model(token[:, None], attention_mask=full_mask, kv_cache=cache)[:, -1]
-        else:  # the teaching version: re-run the whole sequence
-            logits = model(torch.cat(seq, dim=1), attention_mask=torch.cat(seq_mask, dim=1))[:, -1]
-    model.train(was_training)
+    with eval_mode(model):
+        cache = model.new_kv_cache(B, P + max_new_tokens) if use_cache else None
+        all_real = bool(mask.all())  # no padding: the fast causal path needs no mask
+        logits = model(ids, attention_mask=None if all_real else mask, kv_cache=cache)[:, -1]  # (B, V)
+        seq, seq_mask = [ids], [mask]
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        for step in range(max_new_tokens):
+            token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+            token = token.masked_fill(finished, pad_id)
+            seq.append(token[:, None])
+            seq_mask.append((~finished).long()[:, None])
+            if eos_id is not None:
+                finished |= token == eos_id
+            if step == max_new_tokens - 1 or bool(finished.all()):
+                break
+            if use_cache:  # feed only the new token; the cache holds everything before it
+                full_mask = None if all_real and not bool(finished.any()) else torch.cat(seq_mask, dim=1)
+                logits = model(token[:, None], attention_mask=full_mask, kv_cache=cache)[:, -1]
+            else:  # the teaching version: re-run the whole sequence
+                logits = model(torch.cat(seq, dim=1), attention_mask=torch.cat(seq_mask, dim=1))[:, -1]
 
     sequences, attention_mask = torch.cat(seq, dim=1), torch.cat(seq_mask, dim=1)  # (B, P + N)
     completion_mask = attention_mask.clone()
@@ -133,3 +137,21 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(targets) under logits: (B, T, V), (B, T) -> (B, T), computed in float32 as z_y - logsumexp(z)."""
     logits = logits.float()
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def sequence_logprobs(model: GPT, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """Per-token log-probs of the given rows, differentiable: ids, attention_mask (B, T) -> (B, T-1).
+
+    Column t is log p(ids[:, t+1] | ids[:, ≤t]) under the model's logits divided by `temperature` (use the
+    temperature the tokens were sampled with, or the log-probs belong to another distribution). Columns
+    whose target is padding, or is a row's first real token (it has no prefix), are 0. Runs in the model's current mode: call it under eval_mode (or with
+    dropout 0) when the values must not be noisy, as in every RL step."""
+    if temperature <= 0:
+        raise ValueError(f"sequence_logprobs: temperature must be > 0, got {temperature}")
+    all_real = attention_mask is None or bool(attention_mask.all())
+    logits = model(ids, attention_mask=None if all_real else attention_mask)[:, :-1]  # (B, T-1, V): predicts tokens 1..T-1
+    logp = token_logprobs(logits.float() / temperature, ids[:, 1:])  # (B, T-1)
+    if attention_mask is not None:  # a log-prob needs a real target and a real token before it (a row's first has none)
+        logp = logp * (attention_mask[:, 1:] * attention_mask[:, :-1]).to(logp.dtype)
+    return logp

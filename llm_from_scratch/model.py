@@ -17,17 +17,14 @@ logits of the same row alone.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
-import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from llm_from_scratch.attention import ATTN_IMPLS, CausalSelfAttention, KVCache, causal_mask
-from llm_from_scratch.checkpoint import atomic_write_text, load_tensors, save_tensors
 
 PRESETS = {
     # trains on a 2-core CPU in minutes (about 0.9M parameters with the course's 768-token vocabulary)
@@ -64,12 +61,6 @@ class GPTConfig:
             raise ValueError(f"unknown GPT preset {name!r}: choose one of {', '.join(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> GPTConfig:
-        return cls(**json.loads(text))
 
 
 class MLP(nn.Module):
@@ -193,36 +184,14 @@ def _self_mask(T: int, S: int, device) -> torch.Tensor:
     return torch.eye(T, S, dtype=torch.bool, device=device).roll(S - T, dims=1)
 
 
-# ----------------------------------------------------------------------------- saving and loading
-
-
-def save_gpt(model: GPT, folder: str | os.PathLike, weights_name: str = "model.safetensors") -> Path:
-    """`model.safetensors` + `config.json` in `folder` (both written atomically)."""
-    folder = Path(folder)
-    save_tensors(folder / weights_name, model.state_dict())
-    atomic_write_text(folder / "config.json", model.config.to_json() + "\n")
-    return folder
-
-
-def load_gpt(folder: str | os.PathLike, device: str | torch.device = "cpu", vocab_size: int | None = None,
-             weights_name: str = "model.safetensors", **overrides) -> GPT:
-    """Rebuild a GPT from `config.json` and load its weights. `vocab_size`: the tokenizer's, checked against the
-    checkpoint's (a mismatch means the wrong tokenizer). `overrides` change config fields (e.g. attn_impl, dropout)."""
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"load_gpt: {folder / 'config.json'} does not exist (not a checkpoint folder?)")
-    config = GPTConfig.from_json((folder / "config.json").read_text())
-    if vocab_size is not None and vocab_size != config.vocab_size:
-        raise ValueError(f"load_gpt: the checkpoint in {folder} has a vocabulary of {config.vocab_size} tokens but the "
-                         f"tokenizer has {vocab_size}: they do not belong together")
-    model = GPT(GPTConfig(**{**asdict(config), **overrides}))
-    load_weights(model, folder / weights_name)
-    return model.to(device)
-
-
-def load_weights(model: GPT, path: str | os.PathLike) -> GPT:
-    """Load a `model.safetensors` into `model` in place (on the model's device)."""
-    state = load_tensors(path, device=next(model.parameters()).device)
-    state.setdefault("lm_head.weight", state["wte.weight"])  # the tied head was stored once
-    model.load_state_dict(state)
-    return model
+@contextlib.contextmanager
+def eval_mode(*models: nn.Module):
+    """Dropout off inside the block; each model's own mode (train or eval) is restored after, even on an error."""
+    was_training = [m.training for m in models]
+    try:
+        for m in models:
+            m.eval()
+        yield
+    finally:
+        for m, mode in zip(models, was_training):
+            m.train(mode)

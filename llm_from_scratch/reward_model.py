@@ -11,14 +11,22 @@ head's bias so the rewards of typical (SFT) responses have mean 0, which keeps R
 KL trade-off on a sensible scale.
 
 The score is read at the last real token of prompt + response (its EOS): thanks to causal attention
-that is the only position that has seen the whole response.
+that is the only position that has seen the whole response. The module finds that token from the
+attention mask itself, whether the rows are padded on the right (preference data) or on the left
+(a batch from `generation.generate`), so `rm(gen.sequences, gen.attention_mask)` scores a rollout as
+it is. With `per_token=True` it returns the head at every position (B, T): a value head (chapter 8)
+is this same module on another trunk.
+
+Against the gold reward (the tiny world knows it): `ranking_scores` (accuracy on the noisy labels and
+agreement with gold), `agreement_by_part` (which parts of the gold reward the model sees), and
+Pearson's and Spearman's correlations on policy samples.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -26,12 +34,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, load_tensors, save_tensors
-from llm_from_scratch.data import pad_right
-from llm_from_scratch.model import GPT, GPTConfig
-from llm_from_scratch.sft import encode_chat
-from llm_from_scratch.tokenizer import Tokenizer
-from llm_from_scratch.train import TrainConfig, configure_optimizer, lr_at
+from llm_from_scratch.checkpoint import append_metrics, load_model, read_jsonl, save_model
+from llm_from_scratch.model import GPT, GPTConfig, eval_mode
+from llm_from_scratch.tokenizer import Tokenizer, encode_chat, pad_right
+from llm_from_scratch.train import configure_optimizer, lr_at, optimizer_step
 
 
 class RewardModel(nn.Module):
@@ -43,27 +49,24 @@ class RewardModel(nn.Module):
         nn.init.normal_(self.head.weight, std=1.0 / math.sqrt(C + 1))  # small: initial rewards of order 1
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
-        """ids, attention_mask (B, T); last_index (B,) the position of each row's last real token -> rewards (B,)."""
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor, per_token: bool = False) -> torch.Tensor:
+        """ids, attention_mask (B, T), padded on either side -> the reward of each row (B,), read at its last
+        real token; per_token=True: the head at every position (B, T), padding included (mask it)."""
         h = self.gpt.trunk(ids, attention_mask)  # (B, T, C)
-        h_last = h[torch.arange(ids.size(0), device=ids.device), last_index]  # (B, C)
+        if per_token:
+            return self.head(h).squeeze(-1)  # (B, T)
+        T = ids.size(1)
+        last = (attention_mask.bool() * torch.arange(1, T + 1, device=ids.device)).argmax(-1)  # (B,) last real token
+        h_last = h[torch.arange(ids.size(0), device=ids.device), last]  # (B, C)
         return self.head(h_last).squeeze(-1)  # (B,)
 
     def save(self, folder: str | Path) -> Path:
-        folder = Path(folder)
-        save_tensors(folder / "model.safetensors", self.state_dict())
-        atomic_write_text(folder / "config.json", self.gpt.config.to_json() + "\n")
-        return folder
+        return save_model(self, folder, "reward_model", asdict(self.gpt.config))
 
     @classmethod
-    def load(cls, folder: str | Path, device: str | torch.device = "cpu") -> RewardModel:
-        folder = Path(folder)
-        config = GPTConfig.from_json((folder / "config.json").read_text())
-        rm = cls(GPT(config))
-        state = load_tensors(folder / "model.safetensors")
-        state.setdefault("gpt.lm_head.weight", state["gpt.wte.weight"])
-        rm.load_state_dict(state)
-        return rm.to(device)
+    def load(cls, folder: str | Path, device: str | torch.device = "cpu", vocab_size: int | None = None) -> RewardModel:
+        return load_model(folder, "reward_model", lambda config: cls(GPT(GPTConfig(**{**config, "dropout": 0.0}))),
+                          device, vocab_size)
 
 
 def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> torch.Tensor:
@@ -88,26 +91,26 @@ def load_preferences(path: str | Path) -> list[dict]:
     """Preference pairs from JSONL; a malformed line, a missing field or an empty response is a ValueError
     naming the file and the line."""
     path = Path(path)
-    pairs = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}, line {lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not valid JSON ({err.msg})") from err
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object with {', '.join(PAIR_FIELDS)}")
+    pairs = read_jsonl(path)
+    for lineno, row in enumerate(pairs, start=1):  # read_jsonl skips blank lines: count them back in for the message
         for field in PAIR_FIELDS:
             if field not in row:
-                raise ValueError(f"{where}: missing field {field!r}")
+                raise ValueError(f"{path}, line {_line_of(path, lineno)}: missing field {field!r}")
             if not isinstance(row[field], str) or not row[field].strip():
-                raise ValueError(f"{where}: field {field!r} is empty")
-        pairs.append(row)
+                raise ValueError(f"{path}, line {_line_of(path, lineno)}: field {field!r} is empty")
     if not pairs:
         raise ValueError(f"{path}: no preference pairs")
     return pairs
+
+
+def _line_of(path: Path, record: int) -> int:
+    """The file line of the record-th non-blank line."""
+    seen = 0
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        seen += bool(line.strip())
+        if seen == record:
+            return lineno
+    return record
 
 
 def encode_pairs(tok: Tokenizer, pairs: list[dict], context_length: int) -> list[tuple[list[int], list[int]]]:
@@ -126,15 +129,15 @@ def score_rows(rm: RewardModel, rows: list[list[int]], pad_id: int, chunk_rows: 
 
     Rows are sorted by length and scored in chunks of `chunk_rows` rows of similar length, then put back
     in order. The tiny world's stories run from about 30 to 200 tokens, so one padded batch
-    (`data.preference_collate`) spends about half its compute on padding; on a CPU the chunks make a
-    training step about 1.8x faster (benchmarks/bench_reward_model.py). Each row's reward is the same
-    either way, up to float rounding: a right-padded row's real tokens never attend to its padding."""
+    (`data.preference_collate`) spends about half its compute on padding; benchmarks/bench_reward_model.py
+    measures what the chunks save. Each row's reward is the same either way, up to float rounding: a
+    right-padded row's real tokens never attend to its padding."""
     device = next(rm.parameters()).device
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     chunks = []
     for k in range(0, len(rows), chunk_rows):
-        ids, mask, last = (t.to(device) for t in pad_right([rows[i] for i in order[k:k + chunk_rows]], pad_id))
-        chunks.append(rm(ids, mask, last))  # (chunk,)
+        ids, mask, _ = (t.to(device) for t in pad_right([rows[i] for i in order[k:k + chunk_rows]], pad_id))
+        chunks.append(rm(ids, mask))  # (chunk,)
     by_length = torch.cat(chunks)  # (N,) in sorted order
     return by_length[torch.argsort(torch.tensor(order, device=device))]  # back to the given order
 
@@ -142,31 +145,42 @@ def score_rows(rm: RewardModel, rows: list[list[int]], pad_id: int, chunk_rows: 
 @torch.no_grad()
 def score_pairs(rm: RewardModel, encoded: list, pad_id: int, chunk_rows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Rewards of every chosen and rejected response: two (N,) tensors."""
-    was_training = rm.training
-    rm.eval()
-    r = score_rows(rm, [c for c, _ in encoded] + [rj for _, rj in encoded], pad_id, chunk_rows).cpu()
-    rm.train(was_training)
+    with eval_mode(rm):
+        r = score_rows(rm, [c for c, _ in encoded] + [rj for _, rj in encoded], pad_id, chunk_rows).cpu()
     return r[:len(encoded)], r[len(encoded):]
 
 
 @torch.no_grad()
 def score_texts(rm: RewardModel, tok: Tokenizer, prompts: list[str], responses: list[str], chunk_rows: int = 64) -> torch.Tensor:
     """Rewards (N,) of responses to prompts (each templated and closed with EOS)."""
-    was_training = rm.training
-    rm.eval()
-    r = score_rows(rm, [encode_chat(tok, p, y)[0] for p, y in zip(prompts, responses)], tok.pad_id, chunk_rows).cpu()
-    rm.train(was_training)
-    return r
+    with eval_mode(rm):
+        return score_rows(rm, [encode_chat(tok, p, y)[0] for p, y in zip(prompts, responses)], tok.pad_id, chunk_rows).cpu()
 
 
 # ----------------------------------------------------------------------------- training
 
 
-def train_reward_model(rm: RewardModel, train_pairs: list, val_pairs: list, cfg: TrainConfig, pad_id: int,
-                       out_dir: str | Path, quiet: bool = False, chunk_rows: int = 16) -> dict:
+@dataclass
+class RewardConfig:
+    max_steps: int = 300
+    batch_size: int = 32  # pairs per step (2 x batch_size responses scored)
+    lr: float = 1e-3  # peak learning rate
+    min_lr: float = 1e-4  # the cosine decays to this
+    warmup_steps: int = 15
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 = off
+    eval_interval: int = 100
+    log_interval: int = 10
+    chunk_rows: int = 16  # responses scored per forward pass (length-sorted, see score_rows)
+    seed: int = 0
+
+
+def train_reward_model(rm: RewardModel, train_pairs: list, val_pairs: list, cfg: RewardConfig, pad_id: int,
+                       out_dir: str | Path, quiet: bool = False) -> dict:
     """Minimise the Bradley–Terry loss with chapter 4's optimiser conventions (AdamW with decay on matrices,
-    warmup + cosine, clipping). Logs TRL-style metrics; keeps the model with the best validation accuracy.
-    A step scores its 2 x batch_size responses in length-sorted chunks of chunk_rows (see score_rows)."""
+    warmup + cosine, clipping). Logs TRL-style metrics; keeps the model with the best validation accuracy."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     optimizer = configure_optimizer(rm, cfg)
@@ -180,19 +194,17 @@ def train_reward_model(rm: RewardModel, train_pairs: list, val_pairs: list, cfg:
             group["lr"] = lr_at(step, cfg)
         pick = torch.randint(0, len(train_pairs), (cfg.batch_size,), generator=g).tolist()
         batch = [train_pairs[i] for i in pick]
-        r = score_rows(rm, [c for c, _ in batch] + [rj for _, rj in batch], pad_id, chunk_rows)  # (2B,) chosen first
+        r = score_rows(rm, [c for c, _ in batch] + [rj for _, rj in batch], pad_id, cfg.chunk_rows)  # (2B,) chosen first
         r_c, r_r = r[: cfg.batch_size], r[cfg.batch_size:]
         loss = bradley_terry_loss(r_c, r_r)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"reward model loss is {loss.item()} at step {step}")
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(rm.parameters(), cfg.grad_clip or float("inf"))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(rm, optimizer, cfg.grad_clip)
         done = step + 1
         if done % cfg.log_interval == 0:
             m = preference_metrics(r_c.detach(), r_r.detach())
-            append_metrics(out_dir / "metrics.jsonl", {"step": done, "loss/train": loss.item(),
+            append_metrics(out_dir / "metrics.jsonl", {"step": done, "loss/train": loss.item(), "train/grad_norm": grad_norm,
                                                        "rewards/accuracies": m["accuracy"], "rewards/margins": m["margin"]})
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{m['accuracy']:.2f}")
         if done % cfg.eval_interval == 0 or done == cfg.max_steps:
@@ -216,3 +228,55 @@ def center_rewards(rm: RewardModel, rewards_of_samples: torch.Tensor) -> tuple[f
     mean, std = rewards_of_samples.mean().item(), rewards_of_samples.std().item()
     rm.head.bias -= mean
     return mean, std
+
+
+# ----------------------------------------------------------------------------- against the gold reward
+
+
+def gold_sign(rows: list[dict]) -> torch.Tensor:
+    """(N,) +1 where gold prefers the chosen response, -1 where it prefers the rejected one, 0 on a tie."""
+    return torch.tensor([float((r["gold_chosen"] > r["gold_rejected"]) - (r["gold_chosen"] < r["gold_rejected"]))
+                         for r in rows])
+
+
+def ranking_scores(margins: torch.Tensor, gold: torch.Tensor) -> tuple[float, float]:
+    """(accuracy against the noisy labels, agreement with the gold ranking on the pairs gold does not tie) of a
+    ranking given by margins = score(chosen) - score(rejected); gold = gold_sign(rows)."""
+    decided = gold != 0
+    agreement = ((margins[decided] > 0) == (gold[decided] > 0)).float().mean().item()
+    return (margins > 0).float().mean().item(), agreement
+
+
+def agreement_by_part(parts: list[tuple[dict, dict]], margins: torch.Tensor, gold: torch.Tensor) -> dict[str, dict]:
+    """For the pairs whose two responses differ in exactly one part of the gold reward (parts: the gold reward's
+    parts of (chosen, rejected), e.g. tinyworld.story_reward_parts) and whose gold rewards differ: how often the
+    margins order them as gold does, by part. The parts a model gets wrong are what it has not learned to see."""
+    out: dict[str, list[int]] = {}
+    for (pc, pr), m, g in zip(parts, margins.tolist(), gold.tolist()):
+        differ = [k for k in pc if abs(pc[k] - pr[k]) > 1e-9]
+        if len(differ) == 1 and g != 0:
+            out.setdefault(differ[0], []).append(int((m > 0) == (g > 0)))
+    return {k: {"agreement": sum(v) / len(v), "n": len(v)} for k, v in sorted(out.items(), key=lambda kv: -len(kv[1]))}
+
+
+def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson's correlation of two (N,) tensors (nan when one is constant)."""
+    a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
+    denom = (a.norm() * b.norm()).item()
+    return (a @ b).item() / denom if denom > 0 else float("nan")
+
+
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
+    """Ranks 1..N of x's values, ties sharing the mean of their ranks: average_ranks([5, 1, 5]) = [2.5, 1, 2.5]."""
+    x = x.double()
+    ranks = torch.empty_like(x)
+    ranks[torch.argsort(x)] = torch.arange(1, len(x) + 1, dtype=x.dtype)
+    _, group = torch.unique(x, return_inverse=True)
+    sums = torch.zeros(int(group.max()) + 1, dtype=x.dtype).index_add_(0, group, ranks)
+    return (sums / torch.bincount(group).to(x.dtype))[group]
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman's rank correlation: Pearson's on the ranks (ties averaged). Unlike Pearson's it does not care how
+    far apart the scores are, only their order; useful when most samples share one gold score."""
+    return pearson(average_ranks(a), average_ranks(b))

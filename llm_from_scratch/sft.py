@@ -9,8 +9,9 @@ included, so the model learns to stop):
 
     L = -1/|R| Σ_{t ∈ R} log p(x_t | x_<t)
 
-The prompt is context, not something to imitate: its targets are -100 (`data.sft_collate`). Training
-reuses chapter 4's loop; evaluation decodes greedily (batched, KV cache) and scores each task with
+The template itself (`tokenizer.encode_chat`) lives with the special tokens it is made of. The prompt
+is context, not something to imitate: its targets are -100 (`data.sft_collate`). Training reuses
+chapter 4's loop; evaluation decodes greedily (batched, KV cache) and scores each task with
 the tiny world's gold reward: the final number for sums and word problems (answered in worked steps),
 exact match for the other verifiable tasks, the hidden preference for stories.
 """
@@ -23,26 +24,10 @@ from collections import defaultdict
 import torch
 
 from llm_from_scratch import tinyworld
-from llm_from_scratch.data import pad_right, sft_collate
-from llm_from_scratch.generation import generate, token_logprobs
-from llm_from_scratch.model import GPT
-from llm_from_scratch.tokenizer import ASSISTANT_TOKEN, USER_TOKEN, Tokenizer
-
-def chat_prompt(prompt: str) -> str:
-    """The text the model sees before it answers."""
-    return f"{USER_TOKEN}{prompt}{ASSISTANT_TOKEN}"
-
-
-def encode_chat(tok: Tokenizer, prompt: str, response: str | None = None) -> tuple[list[int], int]:
-    """Token ids of the templated example, and how many of them are prompt. Without a response: the prompt only.
-
-    The special tokens are placed by id; the prompt and response texts are encoded as ordinary text, so a
-    user who types "<|assistant|>" gets a clear error instead of forging a turn of the conversation."""
-    special = tok.special_tokens
-    prompt_ids = [special[USER_TOKEN]] + tok.encode(prompt) + [special[ASSISTANT_TOKEN]]
-    if response is None:
-        return prompt_ids, len(prompt_ids)
-    return prompt_ids + tok.encode(response) + [tok.eos_id], len(prompt_ids)
+from llm_from_scratch.data import sft_collate
+from llm_from_scratch.generation import generate, sequence_logprobs
+from llm_from_scratch.model import GPT, eval_mode
+from llm_from_scratch.tokenizer import Tokenizer, encode_chat, pad_right
 
 
 class SFTBatches:
@@ -90,7 +75,8 @@ def _field(example, name: str):
 
 NUMBER = tinyworld.NUMBER_RUN
 STEP = r"\d+ (plus|minus) \d+ is \d+\."
-WORKED = re.compile(rf"{STEP}( {STEP})*")  # '95 plus 40 is 135. 135 plus 2 is 137.': steps, the answer last
+SUM = rf"\d+ (plus|minus) \d+: {STEP} {STEP}"  # '95 plus 42: 95 plus 40 is 135. 135 plus 2 is 137.'
+WORKED = re.compile(rf"{SUM}( {SUM})*")  # one worked sum per event, the answer last
 WORD_LIST = re.compile(r"[a-z]+(, [a-z]+)*")
 
 
@@ -110,7 +96,7 @@ def well_formed(task: str, response: str, ended: bool) -> bool:
 
 
 @torch.no_grad()
-def answer(model: GPT, tok: Tokenizer, prompts: list[str], max_new_tokens: int = 96, temperature: float = 0.0,
+def answer(model: GPT, tok: Tokenizer, prompts: list[str], max_new_tokens: int = 160, temperature: float = 0.0,
            batch_size: int = 64, generator: torch.Generator | None = None) -> list[tuple[str, bool]]:
     """(response text, ended with EOS) for each prompt; batched by similar length, KV cache on."""
     encoded = [encode_chat(tok, p)[0] for p in prompts]
@@ -128,7 +114,7 @@ def answer(model: GPT, tok: Tokenizer, prompts: list[str], max_new_tokens: int =
     return out
 
 
-def evaluate_tasks(model: GPT, tok: Tokenizer, examples: list, max_new_tokens: int = 96,
+def evaluate_tasks(model: GPT, tok: Tokenizer, examples: list, max_new_tokens: int = 160,
                    batch_size: int = 64) -> tuple[dict[str, dict[str, float]], list[dict]]:
     """Greedy answers to held-out examples -> per task: accuracy (mean gold reward: 1/0 for the verifiable
     tasks, the story score for stories), well_formed (share), n; plus one row per example (task, prompt, response, reward, well_formed)."""
@@ -150,21 +136,20 @@ def evaluate_tasks(model: GPT, tok: Tokenizer, examples: list, max_new_tokens: i
 def response_logprobs(model: GPT, tok: Tokenizer, prompts: list[str], responses: list[str],
                       batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ log p(response tokens and EOS | prompt) under the model, and the number of those tokens: two (N,)
-    tensors. Their ratio, the mean log-probability per token, is how unsurprised the model is by a response."""
+    tensors. Their ratio, the mean log-probability per token, is how unsurprised the model is by a response.
+    A no-grad wrapper over generation.sequence_logprobs, dropout off."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     sums, counts = [], []
-    for i in range(0, len(prompts), batch_size):
-        encoded = [encode_chat(tok, p, r) for p, r in zip(prompts[i:i + batch_size], responses[i:i + batch_size])]
-        ids, mask, last = (t.to(device) for t in pad_right([e for e, _ in encoded], tok.pad_id))
-        lp = token_logprobs(model(ids, mask)[:, :-1], ids[:, 1:])  # (B, T-1): log p(token t+1 | tokens ≤ t)
-        pos = torch.arange(1, ids.size(1), device=device)[None]  # (1, T-1): the position of each predicted token
-        start = torch.tensor([n for _, n in encoded], device=device)[:, None]  # (B, 1): first response position
-        is_response = (pos >= start) & (pos <= last[:, None])  # (B, T-1): response tokens and the EOS
-        sums.append((lp * is_response).sum(1).cpu())
-        counts.append(is_response.sum(1).cpu())
-    model.train(was_training)
+    with eval_mode(model):
+        for i in range(0, len(prompts), batch_size):
+            encoded = [encode_chat(tok, p, r) for p, r in zip(prompts[i:i + batch_size], responses[i:i + batch_size])]
+            ids, mask, _ = (t.to(device) for t in pad_right([e for e, _ in encoded], tok.pad_id))
+            lp = sequence_logprobs(model, ids, mask)  # (B, T-1): log p(token t+1 | tokens ≤ t), 0 on padding
+            pos = torch.arange(1, ids.size(1), device=device)[None]  # (1, T-1): the position of each predicted token
+            start = torch.tensor([n for _, n in encoded], device=device)[:, None]  # (B, 1): first response position
+            is_response = (pos >= start) & mask[:, 1:].bool()  # (B, T-1): response tokens and the EOS
+            sums.append((lp * is_response).sum(1).cpu())
+            counts.append(is_response.sum(1).cpu())
     return torch.cat(sums), torch.cat(counts)

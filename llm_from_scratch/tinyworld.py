@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
 import sys
@@ -54,6 +53,8 @@ import time
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl  # the project's one atomic writer and JSONL reader
 
 # ----------------------------------------------------------------------------
 # The world. Every choice list holds distinct strings (this keeps text -> choices unique).
@@ -300,19 +301,24 @@ def facts_document(rng: Recorder) -> str:
 
 
 def worked_steps(a: int, op: str, b: int) -> str:
-    """How the tiny world writes a sum: the tens of b first, then its ones, one sentence each.
+    """How the tiny world writes a sum: the problem, then the tens of b, then its ones, one sentence each.
 
-    worked_steps(95, "plus", 42) == "95 plus 40 is 135. 135 plus 2 is 137."
-    worked_steps(7, "minus", 3) == "7 minus 0 is 7. 7 minus 3 is 4."   (always two steps: the same shape every time)
+    worked_steps(95, "plus", 42) == "95 plus 42: 95 plus 40 is 135. 135 plus 2 is 137."
+    worked_steps(7, "minus", 3) == "7 minus 3: 7 minus 0 is 7. 7 minus 3 is 4."   (always two steps: one shape)
 
     Each step changes one or two digits of the running number and finds its operands a few tokens back.
     "95 plus 42 is 137" in one go needs the carry out of the ones before the first digit is written,
     all within one forward pass: writing intermediate results gives the model more tokens, so more
-    computation, per answer (a "scratchpad": Nye et al., 2021, "Show your work")."""
+    computation, per answer (a "scratchpad": Nye et al., 2021, "Show your work").
+
+    The problem comes first ("95 plus 42:") so that pretraining itself teaches the one move an
+    answer to a question needs: fetching b's digits from where the problem is stated. Without it b is
+    never written whole in pretraining, and SFT had to learn to fetch the ones digit of b from the
+    prompt on its own, which some runs did and others did not (arithmetic from 26% to 92%)."""
     tens, ones = b // 10 * 10, b % 10
     mid = a + tens if op == "plus" else a - tens
     end = mid + ones if op == "plus" else mid - ones
-    return f"{a} {op} {tens} is {mid}. {mid} {op} {ones} is {end}."
+    return f"{a} {op} {b}: {a} {op} {tens} is {mid}. {mid} {op} {ones} is {end}."
 
 
 def draw_sum(rng: Recorder) -> tuple[int, str, int]:
@@ -389,7 +395,7 @@ def _verifiable(task: str, prompt: str, answer) -> Example:
 
 
 def make_arithmetic(rng: Recorder) -> Example:
-    """'Add 95 and 42.' -> '95 plus 40 is 135. 135 plus 2 is 137.'; the answer (137) is the last number."""
+    """'Add 95 and 42.' -> '95 plus 42: 95 plus 40 is 135. 135 plus 2 is 137.'; the answer (137) is the last number."""
     a, op, b = draw_sum(rng)
     prompt = rng.choice(ARITH_PROMPTS[op]).format(a=a, b=b)
     return Example("arithmetic", prompt, worked_steps(a, op, b), {"answer": str(a + b if op == "plus" else a - b)})
@@ -402,7 +408,8 @@ def _items(k: int, obj: str) -> str:
 def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_quantity: int | None = None,
                       distractor_p: float | None = None) -> Example:
     """'Mia has 5 apples. She finds 13 more apples. She loses 2 apples. How many ...?' -> the count, worked
-    event by event: '5 plus 10 is 15. 15 plus 3 is 18. 18 minus 0 is 18. 18 minus 2 is 16.' No count goes below 0."""
+    event by event: '5 plus 13: 5 plus 10 is 15. 15 plus 3 is 18. 18 minus 2: 18 minus 0 is 18. 18 minus 2 is 16.'
+    No count goes below 0."""
     lo, hi = steps or WP_STEPS
     top = max_quantity or WP_MAX_QUANTITY
     p_distract = WP_DISTRACTOR_P if distractor_p is None else distractor_p
@@ -701,13 +708,7 @@ FILES = {"pretrain_train": "pretrain_train.txt", "pretrain_val": "pretrain_val.t
 DEFAULT_SIZES = {"n_chars": 4_000_000, "val_fraction": 0.05, "n_sft": 20_000, "n_sft_val": 1_000,
                  "n_pref": 10_000, "n_pref_val": 1_000, "n_rl": 2_000}
 QUICK_SIZES = {"n_chars": 200_000, "n_sft": 500, "n_sft_val": 100, "n_pref": 300, "n_pref_val": 100, "n_rl": 100}  # smoke runs
-GENERATOR_VERSION = 5  # bump when the generator changes, so ensure_datasets regenerates
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+GENERATOR_VERSION = 6  # bump when the generator changes, so ensure_datasets regenerates
 
 
 def _jsonl(rows: list[dict]) -> str:
@@ -728,21 +729,21 @@ def write_datasets(data_dir: str | Path, seed: int = 0, **sizes) -> dict[str, Pa
         t0, split_seed = time.perf_counter(), f"{seed}/pretrain/{split}"
         samples = generate_pretraining(n_chars, split_seed)
         seconds = time.perf_counter() - t0
-        _write_atomic(paths[f"pretrain_{split}"], "".join(s.text + DOC_SEPARATOR for s in samples))
+        atomic_write_text(paths[f"pretrain_{split}"], "".join(s.text + DOC_SEPARATOR for s in samples))
         nats = sum(-s.logp for s in samples)
         splits[split] = {"n_docs": len(samples), "n_chars": sum(len(s.text) for s in samples), "total_nats": nats,
                          "nats_per_char": nats_per_char(samples), "seed": split_seed, "seconds": round(seconds, 3)}
     for split, n in (("train", sizes["n_sft"]), ("val", sizes["n_sft_val"])):
         weights = [SFT_WEIGHTS[t] for t in TASKS] if split == "train" else None  # held out: every task alike
         rows = [e.to_dict() for e in generate_instructions(n, f"{seed}/sft/{split}", weights=weights, split=split)]
-        _write_atomic(paths[f"sft_{split}"], _jsonl(rows))
+        atomic_write_text(paths[f"sft_{split}"], _jsonl(rows))
     for split, n in (("train", sizes["n_pref"]), ("val", sizes["n_pref_val"])):
-        _write_atomic(paths[f"preferences_{split}"], _jsonl(preference_pairs(n, f"{seed}/pref/{split}", split=split)))
+        atomic_write_text(paths[f"preferences_{split}"], _jsonl(preference_pairs(n, f"{seed}/pref/{split}", split=split)))
     for kind in RL_KINDS:
-        _write_atomic(paths[f"rl_{kind}"], _jsonl(rl_prompts(kind, sizes["n_rl"], f"{seed}/rl/{kind}")))
+        atomic_write_text(paths[f"rl_{kind}"], _jsonl(rl_prompts(kind, sizes["n_rl"], f"{seed}/rl/{kind}")))
     meta = {"generator_version": GENERATOR_VERSION, "seed": seed, "sizes": sizes, "doc_separator": DOC_SEPARATOR,
             "splits": splits}
-    _write_atomic(paths["pretrain_meta"], json.dumps(meta, indent=2))  # written last: it marks a complete set
+    atomic_write_text(paths["pretrain_meta"], json.dumps(meta, indent=2))  # written last: it marks a complete set
     return paths
 
 
@@ -758,19 +759,6 @@ def ensure_datasets(data_dir: str | Path, seed: int = 0, **sizes) -> dict[str, P
         if (meta.get("generator_version"), meta.get("seed"), meta.get("sizes")) == (GENERATOR_VERSION, seed, want):
             return paths
     return write_datasets(data_dir, seed, **sizes)
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {lineno}: malformed JSON ({e.msg})") from None
-    return rows
 
 
 def load_pretraining(path: str | Path) -> list[str]:

@@ -19,6 +19,13 @@ Ties between equally frequent pairs are broken by the smallest (a, b) id pair, i
 both trainers, so the naive and the fast trainer learn exactly the same merges.
 A pair whose bytes are already a token (e.g. "ab"+"c" after "a"+"bc") is never
 merged: tiktoken needs every token's bytes to be unique.
+
+The special tokens live here, and so does what is built from them alone: the chat template
+
+    <|user|> prompt <|assistant|> response <|endoftext|>
+
+(`encode_chat`, used by SFT, the reward model and every RL chapter) and the padding of token rows
+into a batch (`pad_right`, with `<|pad|>`, which is never the EOS).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pathlib import Path
 
 import regex
 import tiktoken
+import torch
 from tqdm import tqdm
 
 from llm_from_scratch.checkpoint import atomic_write_text
@@ -381,3 +389,35 @@ class Tokenizer:
                 raise ValueError(f"Tokenizer.load: {ranks_file}, line {lineno}: expected '<base64> <rank>', got {line!r}") from err
         return cls.from_ranks(ranks, special_tokens=specials, pattern=pattern, name=name)
 
+
+
+# ----------------------------------------------------------------------------- the chat template and padding
+
+
+def chat_prompt(prompt: str) -> str:
+    """The text the model sees before it answers."""
+    return f"{USER_TOKEN}{prompt}{ASSISTANT_TOKEN}"
+
+
+def encode_chat(tok: Tokenizer, prompt: str, response: str | None = None) -> tuple[list[int], int]:
+    """Token ids of the templated example, and how many of them are prompt. Without a response: the prompt only.
+
+    The special tokens are placed by id; the prompt and response texts are encoded as ordinary text, so a
+    user who types "<|assistant|>" gets a clear error instead of forging a turn of the conversation."""
+    special = tok.special_tokens
+    prompt_ids = [special[USER_TOKEN]] + tok.encode(prompt) + [special[ASSISTANT_TOKEN]]
+    if response is None:
+        return prompt_ids, len(prompt_ids)
+    return prompt_ids + tok.encode(response) + [tok.eos_id], len(prompt_ids)
+
+
+def pad_right(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token-id rows -> ids (N, T) padded on the right, attention mask (N, T), and the index of each row's last
+    real token (N,)."""
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return ids, mask, mask.sum(dim=1) - 1

@@ -12,7 +12,7 @@ One step, with gradient accumulation over `grad_accum` micro-batches:
     LayerNorm gains: decaying a gain or a bias towards 0 has no regularising meaning.
 
 Everything a run writes lands in `out_dir`: `metrics.jsonl` (one JSON line per log/eval), the best
-model by validation loss (`model.safetensors` + `config.json`, with the tokenizer next to it) and, in
+model by validation loss (`model.safetensors` + `config.json` of kind "gpt", see checkpoint.py) and, in
 `last/`, the latest weights plus `train_state.pt` (optimizer, step, RNG state) to resume from. A
 resumed run continues bit-for-bit: batches are a function of the step number (data.WindowSampler),
 and the RNG state saved is the one at the start of the next step. Ctrl-C saves before exiting; a
@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from llm_from_scratch.checkpoint import append_metrics, load_train_state, save_train_state
-from llm_from_scratch.device import autocast
-from llm_from_scratch.model import GPT, load_weights, save_gpt
+from llm_from_scratch.checkpoint import append_metrics, load_model, load_state, load_train_state, save_model, save_train_state
+from llm_from_scratch.device import DTYPES, autocast, dtype_of
+from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # x (B, T) token ids, y (B, T) targets (-100 = no loss)
 
@@ -54,7 +54,7 @@ class TrainConfig:
     eval_batches: int = 20
     log_interval: int = 10
     checkpoint_interval: int = 500
-    dtype: str = "float32"  # autocast dtype: "float32" (off) or "bfloat16"
+    dtype: str = "float32"  # autocast dtype: "float32" (off) or "bfloat16" (device.choose_dtype picks one)
     compile: bool = False  # torch.compile the model
     seed: int = 0
 
@@ -83,26 +83,50 @@ def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-100)
 
 
+def fastest_dtype(model: torch.nn.Module, batches: list[Batch], repeats: int = 2,
+                  margin: float = 1.2) -> tuple[str, dict[str, float]]:
+    """Time the model's own training step (forward + backward over these batches) in float32 and under bfloat16
+    autocast; "bfloat16" only if it is at least `margin` times faster. Returns the choice and the seconds per
+    batch of each. The model's weights and the random state are left as they were; its gradients are cleared."""
+    device = next(model.parameters()).device
+    rng = torch.get_rng_state()
+    seconds = {}
+    for name in DTYPES:
+        times = []
+        for _ in range(repeats + 1):  # the first pass is a warm-up
+            t0 = time.perf_counter()
+            for x, y in batches:
+                with autocast(device, dtype_of(name)):
+                    loss = lm_loss(model, x.to(device), y.to(device))
+                loss.backward()
+            times.append((time.perf_counter() - t0) / len(batches))
+        seconds[name] = min(times[1:])
+    model.zero_grad(set_to_none=True)
+    torch.set_rng_state(rng)
+    return ("bfloat16" if seconds["bfloat16"] * margin < seconds["float32"] else "float32"), seconds
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float = 1.0) -> float:
+    """Clip the gradients' global norm to grad_clip (0 = no clipping), step, zero the gradients.
+    Returns the norm before clipping (a spike there is the first sign of a learning rate too high)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf")).item()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device, dtype: str = "float32") -> float:
     """Mean loss per target token over `batches` (dropout off during, training mode restored after)."""
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        with autocast(device, _dtype(dtype)):
-            n = int((y != -100).sum())
-            total += lm_loss(model, x, y).item() * n
-            count += n
-    model.train(was_training)
+    with eval_mode(model):
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            with autocast(device, dtype_of(dtype)):
+                n = int((y != -100).sum())
+                total += lm_loss(model, x, y).item() * n
+                count += n
     return total / max(1, count)
-
-
-def _dtype(name: str) -> torch.dtype | None:
-    if name not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {name!r}")
-    return torch.bfloat16 if name == "bfloat16" else None
 
 
 def _rng_state() -> dict:
@@ -116,6 +140,17 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_gpt(model: GPT, folder: str | Path) -> Path:
+    """A GPT checkpoint (kind "gpt"): `model.safetensors` + `config.json`, written atomically."""
+    return save_model(model, folder, "gpt", asdict(model.config))
+
+
+def load_gpt(folder: str | Path, device: str | torch.device = "cpu", vocab_size: int | None = None, **overrides) -> GPT:
+    """Rebuild a GPT from a checkpoint folder. `vocab_size`: the tokenizer's, checked against the checkpoint's (a
+    mismatch means the wrong tokenizer). `overrides` change config fields (e.g. attn_impl, dropout)."""
+    return load_model(folder, "gpt", lambda config: GPT(GPTConfig(**{**config, **overrides})), device, vocab_size)
 
 
 def save_checkpoint(out_dir: Path, model: GPT, optimizer, step: int, rng: dict, extra: dict) -> None:
@@ -137,13 +172,13 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
-    amp = _dtype(cfg.dtype)
+    amp = dtype_of(cfg.dtype)
     optimizer = configure_optimizer(model, cfg)
     start, tokens_seen, best_val, rng = 0, 0, float("inf"), None
     state_file = out_dir / "last" / "train_state.pt"
     if resume and state_file.is_file():
         state = load_train_state(state_file)
-        load_weights(model, out_dir / "last" / "model.safetensors")
+        load_state(model, out_dir / "last" / "model.safetensors")
         optimizer.load_state_dict(state["optimizer"])
         start, tokens_seen, best_val, rng = state["step"], state["tokens_seen"], state["best_val"], state["rng"]
         _set_rng_state(rng)
@@ -179,9 +214,7 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
             if not math.isfinite(train_loss):
                 raise FloatingPointError(f"the training loss is {train_loss} at step {step}: stopping. The last good "
                                          f"checkpoint is kept in {out_dir} (lower --lr, or check the data)")
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf")).item()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm = optimizer_step(model, optimizer, cfg.grad_clip)
             done = next_step = step + 1
 
             if done % cfg.log_interval == 0 or done == cfg.max_steps:
@@ -189,11 +222,12 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
                 tps = (tokens_seen - tokens_last) / max(1e-9, now - t_last)
                 t_last, tokens_last = now, tokens_seen
                 append_metrics(out_dir / "metrics.jsonl", {"step": done, "tokens": tokens_seen, "loss/train": train_loss,
-                                                           "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps})
+                                                           "train/lr": lr, "train/grad_norm": grad_norm,
+                                                           "train/tokens_per_s": tps})
                 bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tps:,.0f}")
             if done % cfg.eval_interval == 0 or done == cfg.max_steps:
                 val = evaluate(model, val_batches(), device, cfg.dtype)
-                record = {"step": done, "tokens": tokens_seen, "loss/val": val, "ppl/val": math.exp(min(val, 50))}
+                record = {"step": done, "tokens": tokens_seen, "loss/val": val, "val/perplexity": math.exp(min(val, 50))}
                 if on_eval is not None:
                     record.update(on_eval(done, model) or {})
                 append_metrics(out_dir / "metrics.jsonl", record)

@@ -5,6 +5,7 @@ folder as a real course run does; running them once here (not once per script an
 run_all) keeps the suite fast. The notebooks (test_notebooks.py) then reuse these runs.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,34 +38,51 @@ def test_run_all_quick(quick_env):
         capture_output=True, text=True, env=quick_env, timeout=1800,
     )
     assert run.returncode == 0, f"run_all failed:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
-    runs = Path(quick_env["LLMFS_RUNS_DIR"])
+    runs = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick"  # a smoke run writes only under runs/quick/
     report = (runs / "report.md").read_text()
     for n, script in enumerate(SCRIPTS, start=1):
         assert f"## Chapter {n}:" in report, f"no report section from {script.name}"
     for folder in ("tokenizer", "pretrain", "sft", "reward_model"):
         assert (runs / folder / "report.md").is_file()
+        assert json.loads((runs / folder / "summary.json").read_text())["quick"] is True
 
 
-def test_reward_model_agreement_by_part_by_hand():
-    sys.path.insert(0, str(ROOT / "chapters"))
-    try:
-        import ch06_reward_model as ch06
-    finally:
-        sys.path.pop(0)
-    import torch
+@pytest.mark.slow
+def test_seed_sweep_prints_the_spread(quick_env):
+    run = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch05_sft.py"), "--quick", "--quiet", "--seeds", "2"],
+                         capture_output=True, text=True, env=quick_env, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "2 seeds of the default run" in run.stdout and "| arithmetic |" in run.stdout
+    sweep = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick" / "sft_seeds"
+    summary = json.loads((sweep / "summary.json").read_text())
+    assert summary["quick"] is True and summary["seeds"] == [0, 1]
+    runs = summary["spread"]["arithmetic"]["runs"]
+    seed_results = [json.loads((sweep / f"seed{k}" / "eval.json").read_text())["after"]["arithmetic"]["accuracy"] for k in (0, 1)]
+    assert runs == seed_results and summary["spread"]["arithmetic"]["min"] == min(seed_results)
 
-    from llm_from_scratch import tinyworld as tw
 
-    spec = {"name": "Mia", "color": "red", "object": "kite", "mood": "happy"}
-    good = ("Once upon a time, there was a girl named Mia. Mia found a red kite. She played with the red kite all day. "
-            "Then Mia shared the red kite with a friend. Mia was very happy. The end.")
-    sad = good.replace("Mia was very happy.", "Mia was very sad.")  # differs in the ending only
-    other = good.replace("Mia", "Ava")  # differs in the name only
-    rows = []
-    for chosen, rejected in ((good, sad), (sad, good), (good, other), (good, sad.replace("Mia", "Ava"))):
-        rows.append({"spec": spec, "chosen": chosen, "rejected": rejected,
-                     "gold_chosen": tw.story_reward(spec, chosen), "gold_rejected": tw.story_reward(spec, rejected)})
-    # margins r_c - r_r: right on the first ending pair, wrong on the second, wrong on the name pair;
-    # the last pair differs in several parts and is left out
-    out = ch06.agreement_by_part(rows, torch.tensor([1.0, 2.0, -0.5, 3.0]))
-    assert out == {"ending": {"agreement": 0.5, "n": 2}, "name": {"agreement": 0.0, "n": 1}}
+@pytest.mark.slow
+def test_quick_chapter_6_from_an_empty_runs_folder_writes_only_under_quick(tmp_path, quick_env):
+    env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch06_reward_model.py"), "--quick", "--quiet"],
+                         capture_output=True, text=True, env=env, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "no finished sft run in" in run.stdout  # it said what it was building
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quick"]
+    assert {"tokenizer", "pretrain", "sft", "reward_model"} <= {p.name for p in (tmp_path / "quick").iterdir()}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["ch05_sft.py", "--device", "tpu"], "error: unknown device 'tpu'"),
+    (["ch04_pretrain.py", "--text", "no/such/file.txt"], "error: --text: no/such/file.txt does not exist"),
+    (["ch06_reward_model.py", "--init", "no/such/run"], "error: Tokenizer.load: no/such/run/tokenizer.tiktoken does not exist"),
+])
+def test_bad_input_is_one_line_with_exit_code_2(args, message, quick_env, tmp_path):
+    env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, str(ROOT / "chapters" / args[0]), *args[1:], "--quick"], capture_output=True,
+                         text=True, env=env, cwd=ROOT)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [run.stderr.strip()], run.stderr
+    assert run.stderr.startswith(message)
+    debug = subprocess.run([sys.executable, str(ROOT / "chapters" / args[0]), *args[1:], "--quick", "--debug"],
+                           capture_output=True, text=True, env=env, cwd=ROOT)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr

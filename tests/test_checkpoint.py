@@ -26,7 +26,7 @@ def test_tied_tensors_are_stored_once(tmp_path):
     back = ck.load_tensors(tmp_path / "m.safetensors")
     assert set(back) == {"wte.weight", "b"} and torch.equal(back["wte.weight"], w)
     assert (tmp_path / "m.safetensors").read_bytes()[:8] != b"\x80\x02\x8a\x0al\xfc\x9cF"  # not a pickle
-    with pytest.raises(FileNotFoundError, match="no weights"):
+    with pytest.raises(ck.CheckpointError, match="no weights"):
         ck.load_tensors(tmp_path / "missing.safetensors")
 
 
@@ -41,11 +41,14 @@ def test_metrics_roundtrip_and_errors(tmp_path):
     f = tmp_path / "metrics.jsonl"
     ck.append_metrics(f, {"step": 1, "loss": 2.5})
     ck.append_metrics(f, {"step": 2, "loss": 2.0})
-    assert ck.read_metrics(f) == [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.0}]
+    assert ck.read_jsonl(f) == [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.0}]
     with open(f, "a") as fh:
         fh.write("{broken\n")
-    with pytest.raises(ValueError, match="line 3"):
-        ck.read_metrics(f)
+    with pytest.raises(ValueError, match="metrics.jsonl, line 3: not valid JSON"):
+        ck.read_jsonl(f)
+    f.write_text('{"step": 1}\n[1, 2]\n')
+    with pytest.raises(ValueError, match="line 2: expected a JSON object"):
+        ck.read_jsonl(f)
 
 
 def test_runs_root_quick_and_override(monkeypatch, tmp_path):
@@ -53,8 +56,67 @@ def test_runs_root_quick_and_override(monkeypatch, tmp_path):
     assert ck.runs_root(quick=False) == ck.REPO_ROOT / "runs"
     assert ck.runs_root(quick=True) == ck.REPO_ROOT / "runs" / "quick"
     monkeypatch.setenv("LLMFS_RUNS_DIR", str(tmp_path))
-    assert ck.runs_root(quick=True) == tmp_path
+    assert ck.runs_root(quick=False) == tmp_path
+    assert ck.runs_root(quick=True) == tmp_path / "quick"  # smoke runs stay in their own folder wherever the runs live
     monkeypatch.setenv("LLMFS_QUICK", "1")
     assert ck.quick_mode()
     monkeypatch.setenv("LLMFS_QUICK", "0")
     assert not ck.quick_mode()
+
+
+class Tied(torch.nn.Module):
+    """A tiny module with a tied pair of weights, like a GPT's embedding and LM head."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.embed = torch.nn.Embedding(config["vocab_size"], 3)
+        self.head = torch.nn.Linear(3, config["vocab_size"], bias=False)
+        self.head.weight = self.embed.weight
+        self.norm = torch.nn.LayerNorm(3)
+
+
+def test_model_roundtrip_restores_tied_weights_by_sharing(tmp_path):
+    torch.manual_seed(0)
+    m = Tied({"vocab_size": 5})
+    ck.save_model(m, tmp_path, "toy", {"vocab_size": 5})
+    assert set(ck.load_tensors(tmp_path / "model.safetensors")) == {"embed.weight", "norm.weight", "norm.bias"}
+    back = ck.load_model(tmp_path, "toy", Tied, vocab_size=5)
+    assert back.head.weight is back.embed.weight and torch.equal(back.embed.weight, m.embed.weight)
+
+
+def test_checkpoint_errors_name_the_folder_tensor_and_chapter(tmp_path):
+    run = tmp_path / "sft"  # a run folder the course knows: the error says which chapter rebuilds it
+    ck.save_model(Tied({"vocab_size": 5}), run, "toy", {"vocab_size": 5})
+    with pytest.raises(ck.CheckpointError, match="holds a 'toy' checkpoint, not a 'gpt' one"):
+        ck.load_model(run, "gpt", Tied)
+    with pytest.raises(ck.CheckpointError, match=r"vocabulary of 5 tokens but the tokenizer has 6.*ch05_sft\.py"):
+        ck.load_model(run, "toy", Tied, vocab_size=6)
+    weights = run / "model.safetensors"
+    full = weights.read_bytes()
+    weights.write_bytes(full[: len(full) // 2])  # a copy cut short
+    with pytest.raises(ck.CheckpointError, match=r"model.safetensors is truncated or corrupt.*ch05_sft\.py"):
+        ck.load_model(run, "toy", Tied)
+    ck.save_tensors(weights, {"embed.weight": torch.zeros(5, 3)})  # the LayerNorm's tensors are missing
+    with pytest.raises(ck.CheckpointError, match="has no tensor 'norm.weight'"):
+        ck.load_model(run, "toy", Tied)
+    (run / "config.json").write_text('{"vocab_size": 5, "n_layer": 4}')  # the format before checkpoints named a kind
+    with pytest.raises(ck.CheckpointError, match=r"older version.*ch05_sft\.py"):
+        ck.load_model(run, "toy", Tied)
+
+
+def test_prerequisite_refuses_with_the_command_and_never_builds_on_a_quick_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMFS_RUNS_DIR", str(tmp_path))
+    with pytest.raises(ck.PrerequisiteError, match="python chapters/ch04_pretrain.py`"):
+        ck.prerequisite("pretrain", quick=False, build=False)
+    with pytest.raises(ck.PrerequisiteError, match="python chapters/ch04_pretrain.py --quick`"):
+        ck.prerequisite("pretrain", quick=True, build=False)
+    ck.write_summary(tmp_path / "quick" / "pretrain", {"steps": 3}, quick=True)
+    assert ck.prerequisite("pretrain", quick=True, build=False) == tmp_path / "quick" / "pretrain"
+    ck.write_summary(tmp_path / "pretrain", {"steps": 3}, quick=True)  # a smoke run where a real one belongs
+    with pytest.raises(ck.PrerequisiteError, match="quick .smoke. run: a real run cannot build on it"):
+        ck.prerequisite("pretrain", quick=False, build=False)
+    ck.atomic_write_text(tmp_path / "pretrain" / "summary.json", '{"steps": 3}')  # older runs did not say
+    with pytest.raises(ck.PrerequisiteError, match="does not record whether it was quick"):
+        ck.require_real(tmp_path / "pretrain" / "last", quick=False)
+    ck.write_summary(tmp_path / "pretrain", {"steps": 1200}, quick=False)
+    assert ck.prerequisite("pretrain", quick=False, build=False) == tmp_path / "pretrain"

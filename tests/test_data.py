@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from llm_from_scratch.data import TokenWindowDataset, make_loader
+from llm_from_scratch.data import TokenWindowDataset, document_windows
 
 
 def test_windows_by_hand():
@@ -25,10 +25,21 @@ def test_too_little_text_is_a_clear_error():
         TokenWindowDataset([1, 2, 3], context_length=3)
 
 
-def test_loader_order_is_seeded():
-    ds = TokenWindowDataset(torch.arange(100), context_length=4)
-    first = [x[:, 0].tolist() for x, _ in make_loader(ds, batch_size=4, seed=7)]
-    again = [x[:, 0].tolist() for x, _ in make_loader(ds, batch_size=4, seed=7)]
-    other = [x[:, 0].tolist() for x, _ in make_loader(ds, batch_size=4, seed=8)]
-    assert first == again and first != other
-    assert sorted(sum(first, [])) == [4 * i for i in range(24)]  # drop_last keeps 24 of 25 windows
+def test_document_windows_start_at_boundaries_and_score_every_document_once():
+    EOS, PAD = 0, 99
+    # three documents (each closed by EOS); the last one lacks its EOS at the end of the stream
+    stream = [5, 6, 7, EOS, 8, 9, EOS, 1, 2, 3, 4]
+    batches, skipped = document_windows(stream, EOS, context_length=8, batch_size=4, pad_id=PAD)
+    assert skipped == 0 and len(batches) == 1
+    x, y = batches[0]
+    # window 1: EOS + doc 1 + doc 2 (8 tokens: 7 targets); doc 3 + EOS does not fit after them: window 2
+    assert x.tolist() == [[EOS, 5, 6, 7, EOS, 8, 9], [EOS, 1, 2, 3, 4, EOS, PAD]]
+    assert y.tolist() == [[5, 6, 7, EOS, 8, 9, EOS], [1, 2, 3, 4, EOS, -100, -100]]
+    # every document token and every closing EOS is a target exactly once: as many targets as stream tokens + 1
+    assert int((y != -100).sum()) == len(stream) + 1
+
+
+def test_document_windows_leave_out_a_document_longer_than_the_context():
+    batches, skipped = document_windows([1, 2, 3, 4, 5, 0, 6, 0], eos_id=0, context_length=4, batch_size=8, pad_id=9)
+    assert skipped == 1
+    assert batches[0][1].tolist() == [[6, 0]]

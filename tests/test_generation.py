@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from llm_from_scratch.generation import filter_logits, generate, left_pad, sample_next, token_logprobs
+from llm_from_scratch.generation import filter_logits, generate, left_pad, sample_next, sequence_logprobs, token_logprobs
 from llm_from_scratch.model import GPT, GPTConfig
 
 
@@ -130,3 +130,38 @@ def test_generation_restores_training_mode(model):
     generate(model, [[1, 2]], 3)
     assert model.training
     model.eval()
+
+
+def test_sequence_logprobs_of_left_padded_rows_equal_each_row_alone(model):
+    rows = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15]]
+    ids, mask = left_pad(rows, pad_id=0)  # (3, 7), as generate() returns a rollout
+    for temperature in (1.0, 0.7):
+        lp = sequence_logprobs(model, ids, mask, temperature=temperature)  # (3, 6)
+        assert lp.shape == (3, 6)
+        for i, r in enumerate(rows):
+            # by hand, one token at a time from its own prefix, in float64
+            for t in range(1, len(r)):
+                logits = model(torch.tensor([r[:t]]))[0, -1].double() / temperature
+                expected = torch.log_softmax(logits, -1)[r[t]].item()
+                col = ids.size(1) - len(r) + t - 1  # column of the log-prob of token r[t] in the padded row
+                assert lp[i, col].item() == pytest.approx(expected, abs=1e-5)
+            assert (lp[i, : ids.size(1) - len(r)] == 0).all()  # padding (and the first token, with no prefix) gets none
+
+
+def test_sequence_logprobs_align_with_the_completion_mask_and_carry_gradients():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=40, context_length=48, n_layer=1, n_head=2, n_embd=16))
+    gen = generate(m, [[1, 2, 3], [4, 5]], max_new_tokens=6, temperature=1.0, eos_id=7, pad_id=0,
+                   generator=torch.Generator().manual_seed(0))
+    lp = sequence_logprobs(m, gen.sequences, gen.attention_mask)  # (B, T-1)
+    completion = gen.completion_mask[:, 1:].bool()  # log-probs of the sampled completion tokens
+    total = (lp * completion).sum()
+    total.backward()
+    assert m.wte.weight.grad is not None and m.wte.weight.grad.abs().sum() > 0
+    # the summed completion log-prob of each row equals the sum over its sampled tokens, one at a time
+    for i in range(2):
+        seq = gen.sequences[i][gen.attention_mask[i].bool()].tolist()
+        n_prompt = int((gen.attention_mask[i, :gen.prompt_length]).sum())
+        by_hand = sum(torch.log_softmax(m(torch.tensor([seq[:t]]))[0, -1].double(), -1)[seq[t]].item()
+                      for t in range(n_prompt, len(seq)))
+        assert (lp[i] * completion[i]).sum().item() == pytest.approx(by_hand, abs=1e-4)

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from llm_from_scratch.model import GPT, GPTConfig
+from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 
 
 def tiny(**kw):
@@ -91,4 +91,13 @@ def test_presets_and_errors():
         model(torch.zeros(1, 33, dtype=torch.long))
     with pytest.raises(ValueError, match="attention_mask has shape"):
         model(torch.zeros(1, 5, dtype=torch.long), attention_mask=torch.ones(1, 4))
-    assert GPTConfig.from_json(tiny().to_json()) == tiny()
+
+
+def test_eval_mode_turns_dropout_off_and_restores_each_mode_even_on_error():
+    a, b = GPT(tiny()), GPT(tiny()).eval()
+    a.train()
+    with pytest.raises(RuntimeError, match="boom"):
+        with eval_mode(a, b):
+            assert not a.training and not a.drop.training and not b.training
+            raise RuntimeError("boom")
+    assert a.training and a.drop.training and not b.training

@@ -4,10 +4,15 @@ import math
 import pytest
 import torch
 
-from llm_from_scratch.data import preference_collate
 from llm_from_scratch.model import GPT, GPTConfig
-from llm_from_scratch.reward_model import (RewardModel, bradley_terry_loss, center_rewards, load_preferences,
-                                           preference_metrics)
+from llm_from_scratch.reward_model import (RewardModel, agreement_by_part, average_ranks, bradley_terry_loss, center_rewards,
+                                           gold_sign, load_preferences, pearson, preference_metrics, ranking_scores, spearman)
+from llm_from_scratch.tokenizer import pad_right
+
+
+def preference_collate(pairs, pad_id):
+    """Chosen rows then rejected rows in one right-padded batch (data.preference_collate, without importing data)."""
+    return pad_right([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
 
 
 def rm(seed=0):
@@ -39,32 +44,56 @@ def test_reward_is_read_at_the_last_real_token_whatever_the_padding():
     model = rm()
     seq = [3, 4, 5, 6]
     alone_ids, alone_mask, alone_last = preference_collate([(seq, seq)], pad_id=0)
-    r_alone = model(alone_ids, alone_mask, alone_last)[0]
+    r_alone = model(alone_ids, alone_mask)[0]
     ids, mask, last = preference_collate([(seq, list(range(1, 12)))], pad_id=0)  # padded to 11
-    r_padded = model(ids, mask, last)[0]
+    r_padded = model(ids, mask)[0]
     ids[0, 4:] = 29  # whatever sits in the padding
     assert r_padded.item() == pytest.approx(r_alone.item(), abs=1e-5)
-    assert model(ids, mask, last)[0].item() == pytest.approx(r_alone.item(), abs=1e-5)
+    assert model(ids, mask)[0].item() == pytest.approx(r_alone.item(), abs=1e-5)
     # it is the last token's state: changing it changes the reward
     ids[0, 3] = 7
-    assert model(ids, mask, last)[0].item() != pytest.approx(r_alone.item(), abs=1e-4)
+    assert model(ids, mask)[0].item() != pytest.approx(r_alone.item(), abs=1e-4)
+
+
+def test_left_and_right_padding_give_the_same_rewards():
+    """A rollout from generate() is left-padded; preference data is right-padded: the same rows, the same rewards."""
+    from llm_from_scratch.generation import left_pad
+
+    model = rm()
+    rows = [[3, 4, 5, 6], [7, 8], [9, 10, 11, 12, 13, 14], [15]]
+    right_ids, right_mask, _ = pad_right(rows, pad_id=0)
+    left_ids, left_mask = left_pad(rows, pad_id=0)
+    right, left = model(right_ids, right_mask), model(left_ids, left_mask)
+    torch.testing.assert_close(left, right, atol=1e-5, rtol=0)
+    alone = torch.stack([model(torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long))[0] for r in rows])
+    torch.testing.assert_close(right, alone, atol=1e-5, rtol=0)
+    # a score per token: the same head at every position; the row reward is the last real token's
+    per_token = model(left_ids, left_mask, per_token=True)  # (B, T)
+    assert per_token.shape == left_ids.shape
+    torch.testing.assert_close(per_token[:, -1], left, atol=1e-6, rtol=0)
+    per_token_right = model(right_ids, right_mask, per_token=True)
+    torch.testing.assert_close(per_token_right[torch.arange(4), right_mask.sum(1) - 1], right, atol=1e-6, rtol=0)
 
 
 def test_center_rewards_gives_mean_zero():
     model = rm()
     ids, mask, last = preference_collate([([1, 2, 3], [4, 5, 6, 7]), ([8, 9], [10])], pad_id=0)
-    r = model(ids, mask, last).detach()
+    r = model(ids, mask).detach()
     mean, std = center_rewards(model, r)
     assert mean == pytest.approx(r.mean().item()) and std == pytest.approx(r.std().item())
-    assert model(ids, mask, last).mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert model(ids, mask).mean().item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_save_load_roundtrip(tmp_path):
     model = rm()
     model.save(tmp_path)
-    back = RewardModel.load(tmp_path).eval()
+    back = RewardModel.load(tmp_path, vocab_size=30).eval()
     ids, mask, last = preference_collate([([1, 2, 3], [4, 5])], pad_id=0)
-    assert torch.equal(model(ids, mask, last), back(ids, mask, last))
+    assert torch.equal(model(ids, mask), back(ids, mask))
+    assert back.gpt.lm_head.weight is back.gpt.wte.weight  # the tie is restored by sharing
+    from llm_from_scratch.checkpoint import CheckpointError, load_model
+    with pytest.raises(CheckpointError, match="'reward_model' checkpoint, not a 'gpt' one"):
+        load_model(tmp_path, "gpt", lambda c: GPT(GPTConfig(**c)))
 
 
 @pytest.mark.parametrize("line,error", [
@@ -82,8 +111,7 @@ def test_malformed_preferences_name_the_line(tmp_path, line, error):
 
 def test_score_texts_matches_scoring_each_text_alone():
     from llm_from_scratch.reward_model import score_texts
-    from llm_from_scratch.sft import encode_chat
-    from llm_from_scratch.tokenizer import Tokenizer
+    from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 
     tok = Tokenizer.train("Mia found a red kite. The end. Add 2 and 3. 5 " * 20, 300)
     torch.manual_seed(0)
@@ -92,7 +120,7 @@ def test_score_texts_matches_scoring_each_text_alone():
     batched = score_texts(model, tok, prompts, responses)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         ids = torch.tensor([encode_chat(tok, p, r)[0]])
-        alone = model(ids, torch.ones_like(ids), torch.tensor([ids.size(1) - 1]))
+        alone = model(ids, torch.ones_like(ids))
         assert batched[i].item() == pytest.approx(alone.item(), abs=1e-5)
 
 
@@ -104,10 +132,45 @@ def test_length_sorted_chunks_give_the_rewards_and_gradients_of_one_padded_batch
              for _ in range(7)]  # 7 pairs of random lengths
     one_model, chunked_model = rm(), rm()
     ids, mask, last = preference_collate(pairs, pad_id=0)
-    one = one_model(ids, mask, last)  # (14,) chosen first, then rejected
+    one = one_model(ids, mask)  # (14,) chosen first, then rejected
     chunked = score_rows(chunked_model, [c for c, _ in pairs] + [r for _, r in pairs], pad_id=0, chunk_rows=3)
     torch.testing.assert_close(chunked, one, atol=1e-5, rtol=0)
     bradley_terry_loss(one[:7], one[7:]).backward()
     bradley_terry_loss(chunked[:7], chunked[7:]).backward()
     for (name, p), q in zip(one_model.named_parameters(), chunked_model.parameters()):
         torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_agreement_by_part_by_hand():
+    base = {"name": 1.0, "object": 1.0, "ending": 1.0, "repetition": 1.0}
+    sad = {**base, "ending": 0.0}
+    other_name = {**base, "name": 0.0}
+    parts = [(base, sad), (sad, base), (base, other_name), (base, {**sad, "name": 0.0}), (base, dict(base))]
+    gold = torch.tensor([1.0, -1.0, 1.0, 1.0, 0.0])  # gold ties the last pair
+    # margins r_c - r_r: right on the first ending pair, wrong on the second, wrong on the name pair;
+    # the fourth pair differs in two parts and the fifth in none: both left out
+    out = agreement_by_part(parts, torch.tensor([1.0, 2.0, -0.5, 3.0, 1.0]), gold)
+    assert out == {"ending": {"agreement": 0.5, "n": 2}, "name": {"agreement": 0.0, "n": 1}}
+
+
+def test_gold_sign_and_ranking_scores_by_hand():
+    rows = [{"gold_chosen": 1.0, "gold_rejected": 0.5}, {"gold_chosen": 0.2, "gold_rejected": 0.9},
+            {"gold_chosen": 0.5, "gold_rejected": 0.5}, {"gold_chosen": 0.9, "gold_rejected": 0.1}]
+    gold = gold_sign(rows)
+    assert gold.tolist() == [1.0, -1.0, 0.0, 1.0]
+    accuracy, agreement = ranking_scores(torch.tensor([0.3, 0.4, -1.0, -0.2]), gold)
+    assert accuracy == pytest.approx(2 / 4)  # margins > 0 on pairs 1 and 2
+    assert agreement == pytest.approx(1 / 3)  # of the 3 pairs gold decides, only the first is ordered as gold does
+
+
+def test_correlations_by_hand():
+    assert pearson(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0, 4.0, 6.0])) == pytest.approx(1.0)
+    assert average_ranks(torch.tensor([5.0, 1.0, 5.0, 3.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+    # monotone but not linear: Spearman sees a perfect order where Pearson does not
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert spearman(x, x ** 4) == pytest.approx(1.0) and pearson(x, x ** 4) < 0.97
+    # with ties, by hand: ranks of a = [1, 2.5, 2.5, 4], of b = [1, 2, 3, 4]
+    a, b = torch.tensor([0.0, 1.0, 1.0, 2.0]), torch.tensor([10.0, 20.0, 30.0, 40.0])
+    ra, rb = torch.tensor([1.0, 2.5, 2.5, 4.0]), torch.tensor([1.0, 2.0, 3.0, 4.0])
+    by_hand = ((ra - 2.5) @ (rb - 2.5)) / ((ra - 2.5).norm() * (rb - 2.5).norm())
+    assert spearman(a, b) == pytest.approx(by_hand.item())

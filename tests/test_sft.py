@@ -3,8 +3,8 @@ import torch
 
 from llm_from_scratch.data import sft_collate
 from llm_from_scratch.model import GPT, GPTConfig
-from llm_from_scratch.sft import SFTBatches, chat_prompt, encode_chat, well_formed
-from llm_from_scratch.tokenizer import Tokenizer
+from llm_from_scratch.sft import SFTBatches, well_formed
+from llm_from_scratch.tokenizer import Tokenizer, chat_prompt, encode_chat
 from llm_from_scratch.train import lm_loss
 
 TEXT = "Add 2 and 3. 5 Sort these words: cat, dog. cat, dog Once upon a time there was a kite. The end. " * 30
@@ -57,7 +57,7 @@ def test_batches_are_repeatable_and_drop_long_examples(tok):
 
 
 def test_length_grouped_batches_repeat_cover_blocks_and_cut_padding(tok):
-    examples = [{"prompt": "Add 2 and 3." + " 7" * (i % 9), "response": "2 plus 0 is 2. 2 plus 3 is 5."} for i in range(40)] + \
+    examples = [{"prompt": "Add 2 and 3." + " 7" * (i % 9), "response": "2 plus 3: 2 plus 0 is 2. 2 plus 3 is 5."} for i in range(40)] + \
                [{"prompt": "Once upon a time " * 6, "response": "The end."}] * 40
     grouped = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1, group=8)
     again = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1, group=8)  # a resumed run's sampler
@@ -77,10 +77,14 @@ def test_length_grouped_batches_repeat_cover_blocks_and_cut_padding(tok):
 
 
 @pytest.mark.parametrize("task,response,ended,ok", [
-    ("arithmetic", "23 plus 40 is 63. 63 plus 5 is 68.", True, True), ("arithmetic", "23 plus 0 is 23.", True, True),
-    ("arithmetic", "23 plus 40 is 63. 63 plus 5 is 68.", False, False), ("arithmetic", "68", True, False),
-    ("arithmetic", "23 plus 40 is 63. 63 plus 5 is", True, False), ("word_problem", "5 minus 0 is 5. 5 minus 2 is 3.", True, True),
-    ("word_problem", "5 minus 0 is 5. 5 minus 2 is 3. 3 plus", True, False),
+    ("arithmetic", "23 plus 45: 23 plus 40 is 63. 63 plus 5 is 68.", True, True),
+    ("arithmetic", "23 plus 40 is 63. 63 plus 5 is 68.", True, False),  # the problem is not stated first
+    ("arithmetic", "23 plus 0: 23 plus 0 is 23.", True, False),  # one step: every sum has two
+    ("arithmetic", "23 plus 45: 23 plus 40 is 63. 63 plus 5 is 68.", False, False), ("arithmetic", "68", True, False),
+    ("arithmetic", "23 plus 45: 23 plus 40 is 63. 63 plus 5 is", True, False),
+    ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3.", True, True),
+    ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3. 3 plus 4: 3 plus 0 is 3. 3 plus 4 is 7.", True, True),
+    ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3. 3 plus", True, False),
     ("count", "4", True, True), ("count", "four", True, False),
     ("sort", "cat, dog", True, True), ("sort", "cat dog", True, False), ("qa", "the park", True, True),
     ("qa", "", True, False), ("story", "Mia had a kite. The end.", True, True), ("story", "Mia had a kite.", True, False),

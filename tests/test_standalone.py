@@ -1,7 +1,7 @@
 """Every module can be copied out, with only the package files it imports, and works there.
 
-Also enforces DESIGN.md's ordering rule: a module imports only modules of its own or an earlier
-chapter, so the book's order is visible in the code and an instructor can hand out one chapter's
+Also enforces the course's ordering rule (README, "Copying one module into an assignment"): a module
+imports only modules of its own or an earlier chapter, so the book's order is visible in the code and an instructor can hand out one chapter's
 module together with its few predecessors.
 """
 
@@ -97,3 +97,13 @@ def test_module_works_copied_alone(module, tmp_path):
             cwd=tmp_path, capture_output=True, text=True, env=env,
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def test_reward_model_copies_out_with_at_most_seven_files():
+    """An assignment built on the reward model should not drag SFT and the whole tiny world along."""
+    assert len(closure("reward_model")) <= 7, sorted(closure("reward_model"))
+
+
+def test_model_file_holds_the_network_only():
+    """Like nanoGPT's model.py: torch and its own chapter's attention, nothing of files or run folders."""
+    assert package_imports(PKG / "model.py") == {"attention"}

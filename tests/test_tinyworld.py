@@ -68,25 +68,25 @@ def test_choice_lists_are_distinct_and_disjoint():
 
 
 def test_worked_steps_by_hand():
-    assert tw.worked_steps(95, "plus", 42) == "95 plus 40 is 135. 135 plus 2 is 137."
-    assert tw.worked_steps(75, "minus", 37) == "75 minus 30 is 45. 45 minus 7 is 38."
-    assert tw.worked_steps(6, "plus", 3) == "6 plus 0 is 6. 6 plus 3 is 9."  # always two steps: tens, then ones
-    assert tw.worked_steps(50, "minus", 20) == "50 minus 20 is 30. 30 minus 0 is 30."
-    assert tw.worked_steps(0, "plus", 99) == "0 plus 90 is 90. 90 plus 9 is 99."
+    assert tw.worked_steps(95, "plus", 42) == "95 plus 42: 95 plus 40 is 135. 135 plus 2 is 137."
+    assert tw.worked_steps(75, "minus", 37) == "75 minus 37: 75 minus 30 is 45. 45 minus 7 is 38."
+    assert tw.worked_steps(6, "plus", 3) == "6 plus 3: 6 plus 0 is 6. 6 plus 3 is 9."  # always two steps: tens, then ones
+    assert tw.worked_steps(50, "minus", 20) == "50 minus 20: 50 minus 20 is 30. 30 minus 0 is 30."
+    assert tw.worked_steps(0, "plus", 99) == "0 plus 99: 0 plus 90 is 90. 90 plus 9 is 99."
 
 
-STEP_RE = r"(\d+) (plus|minus) (\d+) is (\d+)\."
+SUM_RE = r"(\d+) (plus|minus) (\d+): (\d+) (plus|minus) (\d+) is (\d+)\. (\d+) (plus|minus) (\d+) is (\d+)\."
 
 
 def _parse_sums(text):
-    """Worked steps -> [(a, op, b, c)]: every sum is two steps, its tens and then its ones."""
-    steps = [(int(x), op, int(k), int(y)) for x, op, k, y in re.findall(STEP_RE, text)]
-    assert " ".join(f"{x} {op} {k} is {y}." for x, op, k, y in steps) == text and len(steps) % 2 == 0
+    """Worked sums -> [(a, op, b, c)]: every sum states its problem, then two steps, its tens and then its ones."""
     sums = []
-    for (a, op, tens, mid), (mid2, op2, ones, c) in zip(steps[::2], steps[1::2]):
-        assert tens % 10 == 0 and ones < 10 and mid2 == mid and op2 == op
+    for a, op, b, a1, op1, tens, mid, mid2, op2, ones, c in re.findall(SUM_RE, text):
+        a, b, a1, tens, mid, mid2, ones, c = map(int, (a, b, a1, tens, mid, mid2, ones, c))
+        assert a1 == a and op1 == op2 == op and tens + ones == b and tens % 10 == 0 and ones < 10 and mid2 == mid
         assert mid == (a + tens if op == "plus" else a - tens) and c == (mid + ones if op == "plus" else mid - ones)
-        sums.append((a, op, tens + ones, c))
+        sums.append((a, op, b, c))
+    assert " ".join(tw.worked_steps(a, op, b) for a, op, b, _ in sums) == text
     return sums
 
 
@@ -266,17 +266,17 @@ def test_qa_and_story_examples():
 
 
 def test_gold_reward_exact_match():
-    ex = tw.Example("arithmetic", "Add 23 and 45.", "23 plus 40 is 63. 63 plus 5 is 68.", {"answer": "68"})
+    ex = tw.Example("arithmetic", "Add 23 and 45.", "23 plus 45: 23 plus 40 is 63. 63 plus 5 is 68.", {"answer": "68"})
     assert tw.gold_reward(ex, ex.response) == 1.0
     assert tw.gold_reward(ex, "68") == 1.0  # the final number is the answer, work shown or not
-    assert tw.gold_reward(ex, "23 plus 40 is 63. 63 plus 5 is 67.") == 0.0
-    assert tw.gold_reward(ex, "23 plus 40 is 68. 68 plus 5 is 63.") == 0.0  # only the last number counts
+    assert tw.gold_reward(ex, "23 plus 45: 23 plus 40 is 63. 63 plus 5 is 67.") == 0.0
+    assert tw.gold_reward(ex, "23 plus 45: 23 plus 40 is 68. 68 plus 5 is 63.") == 0.0  # only the last number counts
     assert tw.gold_reward(ex, "sixty-eight") == 0.0
     assert tw.gold_reward(ex.to_dict(), "68.") == 1.0
     assert tw.gold_reward({"task": "word_problem", "prompt": "...", "answer": "6"}, "9 minus 3 is 6.") == 1.0
     count = tw.Example("count", "Count these words: cat, dog.", "2", {"answer": "2"})
     assert tw.gold_reward(count, " 2. ") == 1.0 and tw.gold_reward(count, "1 and 2") == 0.0
-    assert tw.final_number("95 plus 40 is 135. 135 plus 2 is 137.") == "137" and tw.final_number("none") is None
+    assert tw.final_number("95 plus 42: 95 plus 40 is 135. 135 plus 2 is 137.") == "137" and tw.final_number("none") is None
     assert tw.normalize_answer("  The   Forest. ") == "the forest"
 
 

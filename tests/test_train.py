@@ -4,10 +4,12 @@ import math
 import pytest
 import torch
 
-from llm_from_scratch.checkpoint import load_train_state, read_metrics
+from llm_from_scratch.checkpoint import load_train_state, read_jsonl
 from llm_from_scratch.data import WindowSampler
-from llm_from_scratch.model import GPT, GPTConfig, load_gpt, save_gpt
-from llm_from_scratch.train import TrainConfig, configure_optimizer, evaluate, lm_loss, lr_at, train
+from llm_from_scratch.device import choose_dtype
+from llm_from_scratch.model import GPT, GPTConfig
+from llm_from_scratch.train import (TrainConfig, configure_optimizer, evaluate, fastest_dtype, lm_loss, load_gpt, lr_at,
+                                   optimizer_step, save_gpt, train)
 
 
 def small_model(dropout=0.0, seed=0):
@@ -64,8 +66,9 @@ def test_save_load_identical_logits_and_vocab_check(tmp_path):
     assert back.lm_head.weight is back.wte.weight
     with pytest.raises(ValueError, match="vocabulary of 30 tokens but the tokenizer has 31"):
         load_gpt(tmp_path, vocab_size=31)
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(ValueError, match="config.json does not exist"):
         load_gpt(tmp_path / "nope")
+    assert json.loads((tmp_path / "config.json").read_text())["kind"] == "gpt"
 
 
 def run(tmp_path, interrupt_at=None, dropout=0.1):
@@ -85,7 +88,7 @@ def run(tmp_path, interrupt_at=None, dropout=0.1):
     except KeyboardInterrupt:
         model = small_model(dropout, seed=123)  # a fresh process: different init, must be overwritten by the resume
         train(model, cfg, get_batch, lambda: [sampler.batch(10_000)], tmp_path, quiet=True)
-    losses = {r["step"]: r["loss/train"] for r in read_metrics(tmp_path / "metrics.jsonl") if "loss/train" in r}
+    losses = {r["step"]: r["loss/train"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss/train" in r}
     return losses, model
 
 
@@ -123,8 +126,60 @@ def test_metrics_and_best_checkpoint_are_written(tmp_path):
     sampler = WindowSampler(TOKENS, 16, 4)
     cfg = TrainConfig(max_steps=4, warmup_steps=1, log_interval=2, eval_interval=2, checkpoint_interval=2)
     summary = train(small_model(), cfg, sampler.batch, lambda: [sampler.batch(99)], tmp_path, quiet=True)
-    records = read_metrics(tmp_path / "metrics.jsonl")
+    records = read_jsonl(tmp_path / "metrics.jsonl")
     vals = [r["loss/val"] for r in records if "loss/val" in r]
     assert len(vals) == 2 and summary["best_val"] == min(vals)
-    assert all(math.isfinite(r["tokens_per_s"]) for r in records if "tokens_per_s" in r)
-    assert (tmp_path / "model.safetensors").is_file() and json.loads((tmp_path / "config.json").read_text())["vocab_size"] == 30
+    assert all(math.isfinite(r["train/tokens_per_s"]) for r in records if "loss/train" in r)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (tmp_path / "model.safetensors").is_file() and config["kind"] == "gpt" and config["config"]["vocab_size"] == 30
+
+
+def test_optimizer_step_clips_to_the_norm_and_returns_the_norm_before():
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([w], lr=1.0)
+    w.grad = torch.tensor([3.0, 4.0])  # norm 5
+    norm = optimizer_step(torch.nn.ParameterList([w]), opt, grad_clip=1.0)
+    assert norm == pytest.approx(5.0)
+    assert w.tolist() == pytest.approx([-0.6, -0.8])  # the step used the clipped gradient (3, 4) / 5
+    assert w.grad is None  # zeroed for the next step
+
+
+def test_bf16_training_follows_fp32():
+    """Precision must not change what is learned: a small model trained a few dozen steps in float32 and under
+    bfloat16 autocast (which every CPU runs, in software where it has no bf16 units) ends at the same loss."""
+    text = torch.randint(0, 30, (50,), generator=torch.Generator().manual_seed(1)).repeat(40)  # a 50-token phrase, again and again
+    sampler = WindowSampler(text, 16, 8)
+    finals = {}
+    for dtype in ("float32", "bfloat16"):
+        model = small_model()
+        cfg = TrainConfig(max_steps=40, lr=1e-2, warmup_steps=5, dtype=dtype, eval_interval=1000, checkpoint_interval=1000)
+        opt = configure_optimizer(model, cfg)
+        losses = []
+        for step in range(cfg.max_steps):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            x, y = sampler.batch(step)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+                loss = lm_loss(model, x, y)
+            loss.backward()
+            optimizer_step(model, opt, cfg.grad_clip)
+            losses.append(loss.item())
+        finals[dtype] = (sum(losses[:5]) / 5, sum(losses[-10:]) / 10)
+    (start32, end32), (start16, end16) = finals["float32"], finals["bfloat16"]
+    assert end32 < start32 - 1.0  # it learned the phrase
+    assert abs(start16 - start32) < 0.02 and abs(end16 - end32) < 0.05
+
+
+def test_fastest_dtype_leaves_the_model_as_it_was():
+    model = small_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    choice, seconds = fastest_dtype(model, [WindowSampler(TOKENS, 16, 4).batch(0)], repeats=1)
+    assert choice in ("float32", "bfloat16") and set(seconds) == {"float32", "bfloat16"}
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and torch.equal(torch.get_rng_state(), rng)
+    # the rule: bfloat16 only when it is clearly faster
+    assert choose_dtype("auto", "cpu", measure=lambda: "bfloat16") == "bfloat16"
+    assert choose_dtype("auto", "cpu") == "float32" and choose_dtype("float32", "cpu", measure=lambda: "bfloat16") == "float32"
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
+        choose_dtype("fp8", "cpu")

@@ -1,0 +1,55 @@
+"""What every chapter script shares: the common flags, and errors read as one line at the terminal.
+
+A chapter script's own errors (an unknown device, a missing or empty --text, a malformed JSONL line, a
+corrupt checkpoint, a missing earlier run, a NaN loss) are printed as `error: ...` with exit code 2,
+as argparse prints a bad flag; `--debug` shows the whole traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from llm_from_scratch.checkpoint import CheckpointError, PrerequisiteError  # noqa: E402
+
+# the errors a user can cause and fix; anything else is a bug and keeps its traceback
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, CheckpointError, PrerequisiteError, FloatingPointError,
+               subprocess.CalledProcessError)
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_common_args(ap: argparse.ArgumentParser, out: str, dtype: bool = False) -> None:
+    """--device, --seed, --out, --quick, --quiet, --debug (and --dtype for the scripts that train a GPT)."""
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto: cuda, then mps, then cpu)")
+    if dtype:
+        ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="training precision; auto = bfloat16 autocast on CUDA, float32 on CPU and MPS")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--out", type=Path, help=f"output folder (default runs/{out}; quick runs: runs/quick/{out})")
+    ap.add_argument("--quick", action="store_true", help="a smoke run in seconds (also LLMFS_QUICK=1); writes under runs/quick/")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+
+
+def run(main, argv: list[str] | None = None):
+    """Call main(argv); a user error becomes `error: ...` on stderr and exit code 2 (unless --debug)."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        return main(argv)
+    except USER_ERRORS as err:
+        if "--debug" in args:
+            raise
+        message = str(err) if not isinstance(err, subprocess.CalledProcessError) else f"a step failed: {err}"
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
