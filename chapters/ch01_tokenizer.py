@@ -25,7 +25,7 @@ import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
 import regex  # noqa: E402
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, write_summary  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, start_run, write_summary  # noqa: E402
 from llm_from_scratch.data import python_stdlib_text, read_text, tinyworld_dir  # noqa: E402
 from llm_from_scratch.plots import line_plot, merges_plot  # noqa: E402
 from llm_from_scratch.tokenizer import (  # noqa: E402
@@ -74,7 +74,7 @@ def bytes_per_token(tok: Tokenizer, text: str) -> float:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out = args.out or runs_root(args.quick) / "tokenizer"
-    out.mkdir(parents=True, exist_ok=True)
+    start_run(out, fresh=("metrics.jsonl",))  # this run's metrics only; no summary until it finishes
     say = print
 
     # 1. the tiny world ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import regex  # noqa: E402
 import torch  # noqa: E402
 
 from llm_from_scratch.attention import CausalSelfAttention, KVCache, causal_mask, explicit_attention  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, write_summary  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, start_run, write_summary  # noqa: E402
 from llm_from_scratch.device import DEVICE_CHOICES, pick_device, seed_everything  # noqa: E402
 from llm_from_scratch.model import GPT, GPTConfig  # noqa: E402
 from llm_from_scratch.plots import line_plot, save  # noqa: E402
@@ -240,7 +240,7 @@ def seconds_per_forward(module: torch.nn.Module, x: torch.Tensor, iters: int, de
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out = args.out or runs_root(args.quick) / "attention"
-    out.mkdir(parents=True, exist_ok=True)
+    start_run(out, fresh=("metrics.jsonl",))  # this run's metrics only; no summary until it finishes
     device = pick_device(args.device)
     seed_everything(args.seed)
     say = print
@@ -433,7 +433,7 @@ def report(s: dict, timing: dict, rel: str) -> str:
         f"- causality: a new last token changes earlier outputs by {s['causality_past_max_abs_change']:.1e}; "
         f"KV cache vs full attention: {s['kv_cache_max_abs_diff']:.1e}",
         f"- hand-built previous-occurrence head: {s['hand_built_head_correct']}/{s['sentence_tokens']} tokens attend where designed",
-        "", f"| T | explicit (ms) | sdpa (ms) | explicit / sdpa | weights (MB) |", "|---:|---:|---:|---:|---:|",
+        "", "| T | explicit (ms) | sdpa (ms) | explicit / sdpa | weights (MB) |", "|---:|---:|---:|---:|---:|",
     ]
     lines += [f"| {t} | {r['explicit_ms']:.2f} | {r['sdpa_ms']:.2f} | {r['ratio']:.2f} | {r['weights_mb']:.1f} |" for t, r in timing.items()]
     lines += ["", f"Forward pass, B=8, C=128, 4 heads, on {s['device']}.", "",

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode, runs_root, write_summary  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode, runs_root, start_run, write_summary  # noqa: E402
 from llm_from_scratch.device import DEVICE_CHOICES, pick_device, seed_everything  # noqa: E402
 from llm_from_scratch.generation import filter_logits, generate, left_pad, sample_next  # noqa: E402
 from llm_from_scratch.model import GPT, PRESETS, GPTConfig  # noqa: E402
@@ -171,7 +171,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     root = runs_root(args.quick)
     out = args.out or root / "gpt"
-    out.mkdir(parents=True, exist_ok=True)
+    start_run(out, fresh=("metrics.jsonl",))  # this run's metrics only; no summary until it finishes
     device = pick_device(args.device)
     seed_everything(args.seed)
     threads = args.threads if device.type == "cpu" and args.threads > 0 else 0
@@ -328,7 +328,7 @@ def report(s: dict, counts: dict, folder: str) -> str:
     lines += [f"| {name} | {s['params'][name]:,} | {s['non_embedding_params'][name]:,} | {s['flops_per_token'][name]:.3e} |" for name in counts]
     lines += [
         "",
-        f"- sampling on a toy distribution: entropy " + ", ".join(f"{k} {v:.2f}" for k, v in s["toy_entropy_nats"].items()) + " nats",
+        "- sampling on a toy distribution: entropy " + ", ".join(f"{k} {v:.2f}" for k, v in s["toy_entropy_nats"].items()) + " nats",
         f"- a left-padded batch matches each prompt alone to {s['left_pad_max_abs_diff']:.1e} (largest logit difference)",
         f"- KV cache ({s['preset']} GPT, {s['device']}" + (f" with {s['cpu_threads']} thread(s)" if s["cpu_threads"] else "")
         + f", 16-token prompts, {n_max} new tokens, greedy, same tokens with and without): "

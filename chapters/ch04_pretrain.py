@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from llm_from_scratch import tinyworld
-from llm_from_scratch.checkpoint import atomic_write_text, prerequisite, quick_mode, read_jsonl, runs_root, write_summary
+from llm_from_scratch.checkpoint import (atomic_write_text, prerequisite, quick_mode, read_jsonl, runs_root, start_run,
+                                         write_summary)
 from llm_from_scratch.data import WindowSampler, document_windows, read_text, tinyworld_dir
 from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
 from llm_from_scratch.generation import generate
@@ -67,7 +68,7 @@ def parse_args(argv=None):
     return args
 
 
-def load_corpus(args, root: Path):
+def load_corpus(args):
     """(tokenizer, train token ids, val token ids, entropy floor in nats/token or None)."""
     if args.text:
         text = read_text(args.text)
@@ -105,7 +106,7 @@ def main(argv=None) -> dict:
     device = pick_device(args.device)
     seed_everything(args.seed)
 
-    tok, train_ids, val_ids, floor = load_corpus(args, root)
+    tok, train_ids, val_ids, floor = load_corpus(args)
     preset = dict(PRESETS[args.preset])
     if args.context > preset["context_length"]:
         raise ValueError(f"--context {args.context} is longer than the {args.preset} preset's {preset['context_length']}")
@@ -149,13 +150,11 @@ def main(argv=None) -> dict:
     before = samples(model, tok, temperature=1.0) if not resuming else []
     for s in before:
         print("  before | " + s.replace("\n", " "))
+    start_run(out)  # until this run finishes, the folder holds no finished run
     tok.save(out)
     t0 = time.perf_counter()
-    try:
-        summary = train(model, cfg, sampler.batch, val_batches, out, resume=True, quiet=args.quiet,
-                        on_eval=lambda step, m: {"samples": samples(m, tok, temperature=0.0)})
-    except KeyboardInterrupt:
-        raise SystemExit(130)
+    summary = train(model, cfg, sampler.batch, val_batches, out, resume=True, quiet=args.quiet,
+                    on_eval=lambda step, m: {"samples": samples(m, tok, temperature=0.0)})
     seconds = time.perf_counter() - t0
 
     best = load_gpt(out, device=device, vocab_size=tok.vocab_size)

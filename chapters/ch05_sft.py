@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 
 from llm_from_scratch import tinyworld
 from llm_from_scratch.checkpoint import (atomic_write_text, prerequisite, quick_mode, read_jsonl, require_real, runs_root,
-                                         shown, write_summary)
+                                         shown, start_run, write_summary)
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
 from llm_from_scratch.plots import loss_plot, save
@@ -44,7 +44,7 @@ def parse_args(argv=None):
     ap.add_argument("--init", type=Path, help="checkpoint to start from (default runs/pretrain)")
     ap.add_argument("--steps", type=int, default=1700, help="optimizer steps (default 1700)")
     ap.add_argument("--batch-size", type=int, default=32, help="examples per step (default 32)")
-    ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--warmup", type=int, default=50, help="warmup steps (default 50)")
     ap.add_argument("--train-on-prompt", action="store_true", help="also put the loss on the prompt tokens")
     ap.add_argument("--eval-examples", type=int, default=1000, help="held-out examples to score (default 1000, all tasks)")
@@ -111,7 +111,7 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     dtype = choose_dtype(args.dtype, device, measure)
     print(f"precision {dtype}" + (f" (auto: a training step took {timing['float32'] * 1e3:.0f} ms in float32, "
                                   f"{timing['bfloat16'] * 1e3:.0f} ms in bfloat16)" if timing else ""))
-    out.mkdir(parents=True, exist_ok=True)
+    start_run(out)  # until this run finishes, the folder holds no finished run
     if before is None and (out / "eval_before.json").is_file() and (out / "last" / "train_state.pt").is_file():
         before = json.loads((out / "eval_before.json").read_text())  # a resumed run
     if before is None:
@@ -156,10 +156,14 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     return result
 
 
-def spread(results: list[dict]) -> dict[str, dict[str, float]]:
+def spread(results: list[dict]) -> dict[str, dict]:
     """min / median / max over the runs of each headline task's accuracy (story: the gold score)."""
-    return {t: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v}
-            for t in HEADLINE for v in [[r["after"][t]["accuracy"] for r in results if t in r["after"]]] if v}
+    out = {}
+    for task in HEADLINE:
+        runs = [r["after"][task]["accuracy"] for r in results if task in r["after"]]
+        if runs:
+            out[task] = {"min": min(runs), "median": statistics.median(runs), "max": max(runs), "runs": runs}
+    return out
 
 
 def spread_table(results: list[dict]) -> str:
@@ -184,6 +188,7 @@ def main(argv=None) -> dict:
     for k in range(args.seeds):
         results.append(sft_run(args, sweep_dir / f"seed{k}", k, init, device, before))
         before = results[-1]["before"]  # the same pretrained model: evaluate it once
+        args.dtype = results[-1]["precision"]  # and choose the precision once: every seed trains alike
     text = spread_table(results)
     precisions = sorted({r["precision"] for r in results})
     print(f"\n{args.seeds} seeds of the default run ({args.steps} steps, {' and '.join(precisions)}):\n{text}")

@@ -21,7 +21,7 @@ import torch
 
 from llm_from_scratch import tinyworld
 from llm_from_scratch.checkpoint import (atomic_write_text, prerequisite, quick_mode, read_jsonl, require_real, runs_root,
-                                         write_summary)
+                                         start_run, write_summary)
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.plots import save
@@ -101,11 +101,11 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     root = runs_root(args.quick)
     out = args.out or root / "reward_model"
-    out.mkdir(parents=True, exist_ok=True)
     device = pick_device(args.device)
     seed_everything(args.seed)
     init = args.init or prerequisite("sft", args.quick)
     require_real(init, args.quick)
+    start_run(out, fresh=("metrics.jsonl",))  # a reward-model run starts over: no summary, no old metrics
     tok = Tokenizer.load(init)
     sft = load_gpt(init, device=device, vocab_size=tok.vocab_size)
     rm = RewardModel(load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0)).to(device)

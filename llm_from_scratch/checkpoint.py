@@ -25,10 +25,14 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import safetensors.torch
-import torch
-import torch.nn as nn
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+# torch and safetensors are imported inside the functions that need them, so that the tiny world's generator
+# (standard library only) can use this module's atomic writer and JSONL reader without them.
 
 
 _UMASK = os.umask(0o022)  # read the process's umask (the only way is to set it) ...
@@ -116,6 +120,8 @@ def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str
     Tensors that share storage (a tied LM head and token embedding) are stored once: safetensors
     refuses aliases, and the model re-ties them when it is built.
     """
+    import safetensors.torch
+
     unique, seen = {}, set()
     for name, t in tensors.items():
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
@@ -127,12 +133,15 @@ def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str
 
 def load_tensors(path: str | os.PathLike, device: str = "cpu") -> dict:
     """The tensors of a safetensors file; a missing, truncated or corrupt file is a CheckpointError naming it."""
+    import safetensors
+    import safetensors.torch
+
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no weights at {path}{rebuild_hint(path.parent)}")
     try:
         return safetensors.torch.load_file(str(path), device=str(device))
-    except Exception as err:  # safetensors raises its own error type (or OSError) on a bad header or short file
+    except (safetensors.SafetensorError, OSError, ValueError) as err:  # a bad header, a short file
         raise CheckpointError(f"{path} is truncated or corrupt ({type(err).__name__}: {err}){rebuild_hint(path.parent)}") from None
 
 
@@ -203,19 +212,24 @@ def load_state(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     try:
         model.load_state_dict(state)
     except RuntimeError as err:  # a shape mismatch
-        raise CheckpointError(f"{path} does not fit the model built from its config.json: {err}") from None
+        raise CheckpointError(f"{path} does not fit the model built from its config.json: {err}"
+                              f"{rebuild_hint(path.parent)}") from None
     return model
 
 
 def save_train_state(path: str | os.PathLike, state: dict) -> Path:
     """Optimizer state, step, RNG states: tensors and plain Python values only, so `torch.load(weights_only=True)`
     can read it back without running any pickled code."""
+    import torch
+
     buf = io.BytesIO()
     torch.save(state, buf)
     return atomic_write_bytes(path, buf.getvalue())
 
 
 def load_train_state(path: str | os.PathLike) -> dict:
+    import torch
+
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -227,21 +241,24 @@ STAGES = {  # run folder -> (the chapter script that makes it, how long its real
     "sft": ("ch05_sft.py", "about 7 minutes"),
     "reward_model": ("ch06_reward_model.py", "about 4 minutes"),
 }
+RESUMABLE = ("pretrain", "sft")  # these continue an interrupted run in place: rebuilding one starts over
 
 
 class PrerequisiteError(RuntimeError):
     """An earlier chapter's run is missing (and may not be built here) or cannot be built on."""
 
 
-def chapter_command(stage: str, quick: bool = False) -> str:
-    return f"python chapters/{STAGES[stage][0]}" + (" --quick" if quick else "")
+def chapter_command(stage: str, quick: bool = False, again: bool = False) -> str:
+    """The command that makes a stage's run; again=True: the one that makes it anew over a broken one."""
+    return (f"python chapters/{STAGES[stage][0]}" + (" --quick" if quick else "")
+            + (" --no-resume" if again and stage in RESUMABLE else ""))
 
 
 def rebuild_hint(folder: Path) -> str:
     """'; rebuild it with `python chapters/chNN_....py`' when the folder is (inside) a known run, else ''."""
     for part in (folder.name, folder.parent.name):
         if part in STAGES:
-            return f"; rebuild it with `{chapter_command(part, quick='quick' in folder.parts)}`"
+            return f"; rebuild it with `{chapter_command(part, quick='quick' in folder.parts, again=True)}`"
     return ""
 
 
@@ -257,16 +274,35 @@ def write_summary(folder: str | os.PathLike, summary: dict, quick: bool) -> Path
     return atomic_write_text(Path(folder) / "summary.json", json.dumps({"quick": quick, **summary}, indent=2))
 
 
+def start_run(folder: str | os.PathLike, fresh: tuple[str, ...] = ()) -> Path:
+    """Called when a chapter run starts: its folder no longer holds a finished run (summary.json goes, and so do
+    the `fresh` files a run that does not resume starts anew, e.g. metrics.jsonl) until the run writes its own."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("summary.json", *fresh):
+        (folder / name).unlink(missing_ok=True)
+    return folder
+
+
 def finished_run(folder: str | os.PathLike) -> dict | None:
     """The summary of the finished run in `folder`, or None when there is none."""
     file = Path(folder) / "summary.json"
-    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise PrerequisiteError(f"{file} is not valid JSON ({err.msg}){rebuild_hint(Path(folder))}") from None
 
 
 def require_real(folder: str | os.PathLike, quick: bool) -> None:
     """A real run refuses to start from a quick one (or from one that does not say which it was)."""
+    if quick:
+        return
+    if runs_root(quick=True).resolve() in Path(folder).resolve().parents:
+        raise PrerequisiteError(f"{folder} is inside the quick runs folder: a real run cannot build on it")
     summary = finished_run(folder) or finished_run(Path(folder).parent)  # a run folder, or its last/ checkpoint
-    if quick or summary is None:
+    if summary is None:  # a checkpoint of the user's own, not a course run
         return
     if summary.get("quick") is not False:
         what = "a quick (smoke) run" if summary.get("quick") else "a run that does not record whether it was quick"
@@ -290,9 +326,11 @@ def prerequisite(stage: str, quick: bool | None = None, build: bool = True, quie
         raise PrerequisiteError(f"no finished {stage} run in {folder}: make it first with `{command}`")
     print(f"no finished {stage} run in {shown(folder)}: running "
           f"`{command}` with its defaults now ({'seconds' if quick else STAGES[stage][1]})", flush=True)
-    env = dict(os.environ, LLMFS_QUICK="1" if quick else "0")
-    run = subprocess.run([sys.executable, str(REPO_ROOT / "chapters" / STAGES[stage][0])] + (["--quiet"] if quiet else []),
-                         env=env)
-    if run.returncode != 0 or finished_run(folder) is None:
-        raise PrerequisiteError(f"`{command}` failed (exit code {run.returncode}); run it on its own to see why")
+    env = dict(os.environ, LLMFS_QUICK="1" if quick else "0", PYTHONUNBUFFERED="1")
+    with subprocess.Popen([sys.executable, str(REPO_ROOT / "chapters" / STAGES[stage][0])] + (["--quiet"] if quiet else []),
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+        for line in child.stdout:  # through this process's stdout, so that a notebook cell shows it too
+            print(f"  [{stage}] {line}", end="", flush=True)
+    if child.returncode != 0 or finished_run(folder) is None:
+        raise PrerequisiteError(f"`{command}` failed (exit code {child.returncode}; its output is above)")
     return folder

@@ -7,9 +7,11 @@
   (Ampere and newer): half the memory traffic, tensor cores, and the same exponent range as float32
   so no loss scaling is needed. Elsewhere it is off unless asked for (`dtype=torch.bfloat16` on CPU).
 * `choose_dtype("auto", device)` is the precision a chapter trains in: bfloat16 on CUDA, float32 on
-  CPU and MPS. On a CPU the course's tiny model is not faster in bfloat16 even where the processor has
-  bf16 units (the matrices are too small for the savings to pay for the conversions), so the choice
-  is made by device, not by timing a large matrix product; `--dtype` overrides it.
+  MPS, and on a CPU whichever of the two runs the model's own training step faster
+  (`train.fastest_dtype` times it). A CPU with bf16 units can run the tiny model's pretraining step
+  faster in bfloat16 and its SFT step slower (short rows: the conversions cost more than the matrix
+  products save), which no timing of one large matrix product can tell. `--dtype` overrides the
+  choice; every run records it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from llm_from_scratch.tokenizer import (
     learn_merges_naive,
     ranks_from_merges,
     train_bpe,
-    train_bpe_naive,
 )
 
 WHOLE = r"(?s).+"  # a pattern that keeps the whole text as one chunk
