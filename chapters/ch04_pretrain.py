@@ -58,6 +58,7 @@ def parse_args(argv=None):
     ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="torch.compile; auto = on for CUDA only")
     ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
     cli.add_common_args(ap, "pretrain", dtype=True)
+    cli.add_prerequisite_arg(ap)
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     if args.quick:
@@ -81,7 +82,7 @@ def load_corpus(args):
         paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
         train_text = paths["pretrain_train"].read_text(encoding="utf-8")
         val_text = paths["pretrain_val"].read_text(encoding="utf-8")
-        tok = Tokenizer.load(args.tokenizer or prerequisite("tokenizer", args.quick))
+        tok = Tokenizer.load(args.tokenizer or prerequisite("tokenizer", args.quick, build=not args.no_build))
         floor = json.loads(paths["pretrain_meta"].read_text())["splits"]["val"]["total_nats"]
     train_ids = np.array(tok.encode(train_text, allowed_special={EOS_TOKEN}), dtype=np.int64)
     val_ids = np.array(tok.encode(val_text, allowed_special={EOS_TOKEN}), dtype=np.int64)

@@ -52,6 +52,7 @@ def parse_args(argv=None):
                     help="run seeds 0..N-1 into runs/sft_seeds/ and print the spread of the results")
     ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
     cli.add_common_args(ap, "sft", dtype=True)
+    cli.add_prerequisite_arg(ap)
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     if args.quick:
@@ -178,7 +179,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     root = runs_root(args.quick)
     device = pick_device(args.device)
-    init = args.init or prerequisite("pretrain", args.quick)
+    init = args.init or prerequisite("pretrain", args.quick, build=not args.no_build)
     require_real(init, args.quick)
     if not args.seeds:
         return sft_run(args, args.out or root / "sft", args.seed, init, device)

@@ -41,6 +41,7 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--samples", type=int, default=500, help="fresh SFT samples to centre the rewards and compare with gold (default 500)")
     cli.add_common_args(ap, "reward_model")
+    cli.add_prerequisite_arg(ap)
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     if args.quick:
@@ -103,12 +104,12 @@ def main(argv=None) -> dict:
     out = args.out or root / "reward_model"
     device = pick_device(args.device)
     seed_everything(args.seed)
-    init = args.init or prerequisite("sft", args.quick)
+    init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
     require_real(init, args.quick)
-    start_run(out, fresh=("metrics.jsonl",))  # a reward-model run starts over: no summary, no old metrics
     tok = Tokenizer.load(init)
     sft = load_gpt(init, device=device, vocab_size=tok.vocab_size)
     rm = RewardModel(load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0)).to(device)
+    start_run(out, fresh=("metrics.jsonl",))  # a reward-model run starts over: no summary, no old metrics
 
     sizes = tinyworld.QUICK_SIZES if args.quick else {}
     paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)

@@ -40,6 +40,12 @@ def add_common_args(ap: argparse.ArgumentParser, out: str, dtype: bool = False) 
     ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 
 
+def add_prerequisite_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--no-build", action="store_true",
+                    help="when an earlier chapter's run is missing, stop and print the command that makes it "
+                         "(default: run that chapter first, with its real defaults)")
+
+
 def run(main, argv: list[str] | None = None):
     """Call main(argv); a user error becomes `error: ...` on stderr and exit code 2 (unless --debug)."""
     args = sys.argv[1:] if argv is None else argv

@@ -62,7 +62,6 @@ class GPTConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
-
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()

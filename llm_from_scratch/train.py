@@ -68,7 +68,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on the ≥2-D parameters (matrices, embeddings) only."""
+    """AdamW with weight decay on the ≥2-D parameters (matrices, embeddings) only. cfg: a TrainConfig, or any
+    config with its lr, betas and weight_decay fields (the reward model's RewardConfig)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]

@@ -86,3 +86,11 @@ def test_bad_input_is_one_line_with_exit_code_2(args, message, quick_env, tmp_pa
     debug = subprocess.run([sys.executable, str(ROOT / "chapters" / args[0]), *args[1:], "--quick", "--debug"],
                            capture_output=True, text=True, env=env, cwd=ROOT)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_no_build_refuses_with_the_command(quick_env, tmp_path):
+    env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch06_reward_model.py"), "--quick", "--no-build"],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 2 and "make it first with `python chapters/ch05_sft.py --quick`" in run.stderr, run.stderr
+    assert not (tmp_path / "quick" / "sft").exists()  # nothing was built

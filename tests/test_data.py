@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from llm_from_scratch.data import TokenWindowDataset, document_windows
+from llm_from_scratch.data import TokenWindowDataset, document_windows, preference_collate
 
 
 def test_windows_by_hand():
@@ -43,3 +43,19 @@ def test_document_windows_leave_out_a_document_longer_than_the_context():
     batches, skipped = document_windows([1, 2, 3, 4, 5, 0, 6, 0], eos_id=0, context_length=4, batch_size=8, pad_id=9)
     assert skipped == 1
     assert batches[0][1].tolist() == [[6, 0]]
+
+
+def test_collate_last_index_by_hand():
+    ids, mask, last = preference_collate([([1, 2, 3], [4, 5]), ([6], [7, 8, 9, 10])], pad_id=0)
+    assert ids.tolist() == [[1, 2, 3, 0], [6, 0, 0, 0], [4, 5, 0, 0], [7, 8, 9, 10]]
+    assert last.tolist() == [2, 0, 1, 3] and mask.sum(1).tolist() == [3, 1, 2, 4]
+
+
+def test_document_windows_fill_a_window_exactly():
+    # a document of 3 tokens + EOS fills a window of context 4 exactly (EOS boundary + 4 = context + 1 tokens)
+    batches, skipped = document_windows([1, 2, 3, 0, 4, 5, 6, 7, 0], eos_id=0, context_length=4, batch_size=8, pad_id=9)
+    assert skipped == 1  # the second document (4 tokens + EOS) needs context 5
+    x, y = batches[0]
+    assert x.tolist() == [[0, 1, 2, 3]] and y.tolist() == [[1, 2, 3, 0]]
+    batches, skipped = document_windows([1, 2, 3, 0, 4, 5, 6, 7, 0], eos_id=0, context_length=5, batch_size=8, pad_id=9)
+    assert skipped == 0 and batches[0][1].tolist() == [[1, 2, 3, 0, -100], [4, 5, 6, 7, 0]]

@@ -36,3 +36,12 @@ def test_autocast_is_off_on_cpu_unless_asked():
         assert (x @ x).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         autocast("cpu", dtype="fp8")
+
+
+def test_precision_names():
+    from llm_from_scratch.device import choose_dtype, dtype_of
+
+    assert dtype_of("float32") is None and dtype_of("bfloat16") == torch.bfloat16
+    assert choose_dtype("bfloat16", "cpu") == "bfloat16"
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        dtype_of("float16")

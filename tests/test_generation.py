@@ -165,3 +165,15 @@ def test_sequence_logprobs_align_with_the_completion_mask_and_carry_gradients():
         by_hand = sum(torch.log_softmax(m(torch.tensor([seq[:t]]))[0, -1].double(), -1)[seq[t]].item()
                       for t in range(n_prompt, len(seq)))
         assert (lp[i] * completion[i]).sum().item() == pytest.approx(by_hand, abs=1e-4)
+
+
+def test_sequence_logprobs_of_right_padded_rows_equal_each_row_alone(model):
+    """Preference data and SFT batches are padded on the right: the same values, and 0 wherever the target is padding."""
+    rows = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    lp = sequence_logprobs(model, ids, mask)  # (2, 4)
+    for i, r in enumerate(rows):
+        alone = sequence_logprobs(model, torch.tensor([r]))[0]  # no mask, no padding
+        torch.testing.assert_close(lp[i, : len(r) - 1], alone, atol=1e-5, rtol=0)
+    assert lp[1, 2:].tolist() == [0.0, 0.0]  # targets 3 and 4 of row 2 are padding

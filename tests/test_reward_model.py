@@ -34,12 +34,6 @@ def test_metrics_by_hand():
     assert (m["min_reward"], m["max_reward"], m["mean_reward"]) == (0.0, 3.0, pytest.approx(1.0))
 
 
-def test_collate_last_index_by_hand():
-    ids, mask, last = preference_collate([([1, 2, 3], [4, 5]), ([6], [7, 8, 9, 10])], pad_id=0)
-    assert ids.tolist() == [[1, 2, 3, 0], [6, 0, 0, 0], [4, 5, 0, 0], [7, 8, 9, 10]]
-    assert last.tolist() == [2, 0, 1, 3] and mask.sum(1).tolist() == [3, 1, 2, 4]
-
-
 def test_reward_is_read_at_the_last_real_token_whatever_the_padding():
     model = rm()
     seq = [3, 4, 5, 6]

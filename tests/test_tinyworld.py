@@ -393,3 +393,12 @@ def test_write_and_ensure_datasets(tmp_path, monkeypatch):
     tw.ensure_datasets(tmp_path, seed=0, **{**SMALL, "n_rl": 31})  # other sizes
     assert calls == [1, 1] and len(tw.read_jsonl(paths["rl_stories"])) == 31
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_generator_needs_only_the_standard_library():
+    import subprocess
+    import sys
+
+    code = "import sys, llm_from_scratch.tinyworld; bad = {'torch', 'numpy', 'safetensors'} & set(sys.modules); print(sorted(bad))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -144,31 +144,23 @@ def test_optimizer_step_clips_to_the_norm_and_returns_the_norm_before():
     assert w.grad is None  # zeroed for the next step
 
 
-def test_bf16_training_follows_fp32():
-    """Precision must not change what is learned: a small model trained a few dozen steps in float32 and under
-    bfloat16 autocast (which every CPU runs, in software where it has no bf16 units) ends at the same loss."""
+def test_bf16_training_follows_fp32(tmp_path):
+    """Precision must not change what is learned: a small model trained a few dozen steps by train() in float32 and
+    under bfloat16 autocast (which every CPU runs, in software where it has no bf16 units) ends at the same loss."""
     text = torch.randint(0, 30, (50,), generator=torch.Generator().manual_seed(1)).repeat(40)  # a 50-token phrase, again and again
     sampler = WindowSampler(text, 16, 8)
-    finals = {}
+    losses = {}
     for dtype in ("float32", "bfloat16"):
-        model = small_model()
-        cfg = TrainConfig(max_steps=40, lr=1e-2, warmup_steps=5, dtype=dtype, eval_interval=1000, checkpoint_interval=1000)
-        opt = configure_optimizer(model, cfg)
-        losses = []
-        for step in range(cfg.max_steps):
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            x, y = sampler.batch(step)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-                loss = lm_loss(model, x, y)
-            loss.backward()
-            optimizer_step(model, opt, cfg.grad_clip)
-            losses.append(loss.item())
-        finals[dtype] = (sum(losses[:5]) / 5, sum(losses[-10:]) / 10)
-    (start32, end32), (start16, end16) = finals["float32"], finals["bfloat16"]
+        cfg = TrainConfig(max_steps=40, lr=1e-2, warmup_steps=5, dtype=dtype, log_interval=1, eval_interval=1000,
+                          checkpoint_interval=1000)
+        train(small_model(), cfg, sampler.batch, lambda: [sampler.batch(999)], tmp_path / dtype, quiet=True)
+        losses[dtype] = [r["loss/train"] for r in read_jsonl(tmp_path / dtype / "metrics.jsonl") if "loss/train" in r]
+    f32, b16 = losses["float32"], losses["bfloat16"]
+    assert f32 != b16  # the bfloat16 run really ran in bfloat16
+    start32, end32 = sum(f32[:5]) / 5, sum(f32[-10:]) / 10
+    start16, end16 = sum(b16[:5]) / 5, sum(b16[-10:]) / 10
     assert end32 < start32 - 1.0  # it learned the phrase
     assert abs(start16 - start32) < 0.02 and abs(end16 - end32) < 0.05
-
 
 def test_fastest_dtype_leaves_the_model_as_it_was():
     model = small_model()
