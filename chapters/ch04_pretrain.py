@@ -13,7 +13,7 @@ a window cut mid-document has lost the context its first tokens depend on.
 Runs resume: run the same command again after Ctrl-C and it continues where it stopped
 (--no-resume starts over).
 
-    python chapters/ch04_pretrain.py                 # the default run: about 7 minutes on 2 CPU cores
+    python chapters/ch04_pretrain.py                 # the default run: about 5 minutes on 2 CPU cores
     python chapters/ch04_pretrain.py --quick         # a smoke run (also LLMFS_QUICK=1)
     python chapters/ch04_pretrain.py --text my.txt   # any UTF-8 corpus (trains a tokenizer for it)
 """

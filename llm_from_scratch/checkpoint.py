@@ -235,11 +235,11 @@ def load_train_state(path: str | os.PathLike) -> dict:
 
 # ----------------------------------------------------------------------------- runs that later chapters build on
 
-STAGES = {  # run folder -> (the chapter script that makes it, how long its real run takes on a 2-core CPU)
-    "tokenizer": ("ch01_tokenizer.py", "about a minute"),
-    "pretrain": ("ch04_pretrain.py", "about 6 minutes"),
-    "sft": ("ch05_sft.py", "about 7 minutes"),
-    "reward_model": ("ch06_reward_model.py", "about 4 minutes"),
+STAGES = {  # run folder -> (the chapter script that makes it, how long its real run took on a 2-core CPU)
+    "tokenizer": ("ch01_tokenizer.py", "about 10 seconds"),
+    "pretrain": ("ch04_pretrain.py", "about 5 minutes"),
+    "sft": ("ch05_sft.py", "about 6 minutes"),
+    "reward_model": ("ch06_reward_model.py", "about 3 minutes"),
 }
 RESUMABLE = ("pretrain", "sft")  # these continue an interrupted run in place: rebuilding one starts over
 
