@@ -10,7 +10,7 @@ metrics.jsonl, eval.json, samples.md, accuracy.png, loss.png, report.md and summ
 --seeds N runs the default run with N seeds (0 .. N-1) into runs/sft_seeds/seed<k>/ and prints the
 spread (min / median / max) of each headline number: one lucky run is not a result.
 
-    python chapters/ch05_sft.py              # the default run: a few minutes on 2 CPU cores
+    python chapters/ch05_sft.py              # the default run: about 6 minutes on 2 CPU cores
     python chapters/ch05_sft.py --seeds 5    # the seed sweep behind the README's spread
     python chapters/ch05_sft.py --quick      # a smoke run (also LLMFS_QUICK=1)
 """

@@ -7,7 +7,7 @@ Then shifts the head's bias so SFT samples score 0 on average, and compares the 
 gold reward on fresh SFT samples: correlation, and the cases where they disagree (what a policy
 optimised against this reward model will exploit). Writes runs/reward_model/.
 
-    python chapters/ch06_reward_model.py            # the default run: a few minutes on 2 CPU cores
+    python chapters/ch06_reward_model.py            # the default run: about 3 minutes on 2 CPU cores
     python chapters/ch06_reward_model.py --quick    # a smoke run (also LLMFS_QUICK=1)
 """
 
