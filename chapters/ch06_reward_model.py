@@ -49,21 +49,31 @@ def parse_args(argv=None):
     return args
 
 
-def figures(out: Path, records: list, margins: torch.Tensor, gold: torch.Tensor, rm_scores, gold_scores):
-    # 1. training curves
+def moving_average(xs: list[float], window: int) -> list[float]:
+    """Mean of the last `window` values at each point (fewer at the start)."""
+    return [sum(xs[max(0, i + 1 - window):i + 1]) / (i + 1 - max(0, i + 1 - window)) for i in range(len(xs))]
+
+
+def figures(out: Path, records: list, margins: torch.Tensor, gold: torch.Tensor, rm_scores, gold_scores,
+            ceiling: float, gold_bt_loss: float):
+    # 1. training curves, against what the gold reward itself scores on the held-out labels
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
     tr = [(r["step"], r["loss/train"], r["rewards/accuracies"]) for r in records if "loss/train" in r]
     va = [(r["step"], r["loss/val"], r["val/accuracy"]) for r in records if "loss/val" in r]
     if tr:
-        a1.plot([s for s, _, _ in tr], [x for _, x, _ in tr], alpha=0.5, label="train")
-        a2.plot([s for s, _, _ in tr], [x for _, _, x in tr], alpha=0.5, label="train")
-    a1.plot([s for s, _, _ in va], [x for _, x, _ in va], marker="o", label="held out")
-    a2.plot([s for s, _, _ in va], [x for _, _, x in va], marker="o", label="held out")
-    a1.set(xlabel="step", ylabel="Bradley–Terry loss")
+        steps = [s for s, _, _ in tr]
+        for a, ys in ((a1, [x for _, x, _ in tr]), (a2, [x for _, _, x in tr])):
+            a.plot(steps, ys, alpha=0.25, linewidth=0.8, color="tab:blue", label="train batch")
+            a.plot(steps, moving_average(ys, 20), color="tab:blue", label="train, mean of 20 batches")
+    a1.plot([s for s, _, _ in va], [x for _, x, _ in va], marker="o", color="tab:orange", label="held out")
+    a2.plot([s for s, _, _ in va], [x for _, _, x in va], marker="o", color="tab:orange", label="held out")
+    a1.axhline(gold_bt_loss, linestyle="--", color="black", linewidth=1, label=f"gold reward's loss {gold_bt_loss:.3f}")
+    a2.axhline(ceiling, linestyle="--", color="black", linewidth=1, label=f"Bayes ceiling {ceiling:.3f}")
+    a1.set(xlabel="step", ylabel="Bradley–Terry loss (nats)")
     a2.set(xlabel="step", ylabel="pairwise accuracy")
     for a in (a1, a2):
         a.grid(alpha=0.3)
-        a.legend()
+        a.legend(fontsize=8)
     save(fig, out / "training.png")
     # 2. margins on held-out pairs, split by whether the (noisy) label agrees with the gold reward
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -93,7 +103,9 @@ def figures(out: Path, records: list, margins: torch.Tensor, gold: torch.Tensor,
     # 4. reward model against gold on fresh SFT samples
     fig, ax = plt.subplots(figsize=(5, 4))
     ax.scatter(gold_scores, rm_scores, s=8, alpha=0.5)
-    ax.set(xlabel="gold reward (hidden preference)", ylabel="reward model score", title="RM vs gold on SFT samples")
+    at_one = sum(g == 1.0 for g in gold_scores) / len(gold_scores)
+    ax.set(xlabel="gold reward (hidden preference)", ylabel="reward model score",
+           title=f"RM vs gold on SFT samples ({at_one:.0%} at gold 1.0)")
     ax.grid(alpha=0.3)
     save(fig, out / "rm_vs_gold.png")
 
@@ -119,8 +131,9 @@ def main(argv=None) -> dict:
     train_pairs, val_pairs = encode_pairs(tok, train_rows, ctx), encode_pairs(tok, val_rows, ctx)
     if len(val_pairs) != len(val_rows):
         raise ValueError("some held-out pairs do not fit the context; the comparison with the Bayes ceiling needs them all")
-    ceiling = tinyworld.bayes_accuracy(val_rows)
-    print(f"{len(train_pairs):,} training pairs, {len(val_pairs):,} held-out pairs; Bayes ceiling of the held-out labels {ceiling:.3f}")
+    ceiling, gold_bt_loss = tinyworld.bayes_accuracy(val_rows), tinyworld.gold_loss(val_rows)
+    print(f"{len(train_pairs):,} training pairs, {len(val_pairs):,} held-out pairs; Bayes ceiling of the held-out labels "
+          f"{ceiling:.3f}, the gold reward's own loss on them {gold_bt_loss:.3f} nats")
 
     cfg = RewardConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
                        warmup_steps=max(1, args.steps // 20), eval_interval=max(10, args.steps // 3), seed=args.seed)
@@ -161,9 +174,11 @@ def main(argv=None) -> dict:
     scores = scores - removed
     gold_scores = torch.tensor([tinyworld.story_reward(p["spec"], resp) for p, resp in zip(prompts, responses)])
     corr, rank_corr = pearson(scores, gold_scores), spearman(scores, gold_scores)
-    print(f"bias shifted by {-removed:+.3f}: SFT samples now score 0 ± {spread:.3f}; correlation with gold on them "
-          f"r = {corr:.3f} (Pearson), ρ = {rank_corr:.3f} (Spearman)")
-    figures(out, read_jsonl(out / "metrics.jsonl"), margins, gold, scores.tolist(), gold_scores.tolist())
+    at_one = (gold_scores == 1.0).float().mean().item()  # most SFT stories are perfect: one big tie for the ranks
+    print(f"bias shifted by {-removed:+.3f}: SFT samples now score 0 ± {spread:.3f}; {at_one:.0%} of them score gold 1.0; "
+          f"correlation with gold on them r = {corr:.3f} (Pearson), ρ = {rank_corr:.3f} (Spearman)")
+    figures(out, read_jsonl(out / "metrics.jsonl"), margins, gold, scores.tolist(), gold_scores.tolist(),
+            ceiling, gold_bt_loss)
 
     # where the reward model and gold disagree most: the openings a policy will find
     z = lambda t: (t - t.mean()) / (t.std() + 1e-8)  # noqa: E731
@@ -171,7 +186,8 @@ def main(argv=None) -> dict:
     worst = torch.argsort(gap, descending=True)[:5].tolist()
     disagreements = [{"prompt": prompts[i]["prompt"], "response": responses[i], "rm": scores[i].item(),
                       "gold": gold_scores[i].item()} for i in worst]
-    result = {"accuracy": accuracy, "bayes_ceiling": ceiling, "gold_agreement": gold_agreement, "by_part": by_part,
+    result = {"accuracy": accuracy, "bayes_ceiling": ceiling, "gold_loss": gold_bt_loss, "gold_agreement": gold_agreement,
+              "by_part": by_part, "sft_gold_at_one": at_one,
               "sft_loglik_baseline": sft_baseline, "best": best,
               "bias_shift": -removed, "sft_reward_std": spread, "rm_gold_correlation": corr, "rm_gold_spearman": rank_corr,
               "disagreements": disagreements, "steps": args.steps, "seconds": best["seconds"], "device": str(device),
@@ -179,7 +195,7 @@ def main(argv=None) -> dict:
     lines = ["## Chapter 6: the reward model", "",
              f"- held-out pairwise accuracy **{accuracy:.3f}**; Bayes ceiling of the noisy labels {ceiling:.3f}",
              f"- {args.steps} steps in {best['seconds'] / 60:.1f} min on {device}",
-             f"- SFT samples: rewards centred (bias {-removed:+.3f}), std {spread:.3f}; correlation with gold "
+             f"- SFT samples: rewards centred (bias {-removed:+.3f}), std {spread:.3f}; {at_one:.0%} at gold 1.0; correlation with gold "
              f"r = {corr:.3f} (Pearson), ρ = {rank_corr:.3f} (Spearman)", "",
              "![training](reward_model/training.png) ![margins](reward_model/margins.png)",
              "![calibration](reward_model/calibration.png) ![rm vs gold](reward_model/rm_vs_gold.png)", "",

@@ -188,10 +188,12 @@ STORY_PROMPTS = ["Write a happy story about {name} and {a_thing}.", "Write a sto
 WP_STEPS = (2, 4)          # number of additions/subtractions
 WP_MAX_QUANTITY = 20       # no count (start, step, total) ever exceeds this
 WP_DISTRACTOR_P = 0.3      # chance of one sentence about another child's count
+# One reading only: the child is called "she"/"her" (or "he"/"him") only right after a sentence about that child
+# alone; after a sentence that names anyone else, the child is named again ("Leo has 15 cars. Tom finds 2 more cars.").
 WP_START = "{name} has {n} {items}."
-WP_ADD = ["{Pron} finds {k} more {items}.", "{friend} gives {obj} {k} more {items}.",
-          "Then {pron} buys {k} more {items}."]
-WP_SUB = ["Then {pron} gives {k} {items} to {friend}.", "{Pron} loses {k} {items}."]
+WP_ADD = ["{Subj} finds {k} more {items}.", "{friend} gives {obj} {k} more {items}.",
+          "Then {subj} buys {k} more {items}."]
+WP_SUB = ["Then {subj} gives {k} {items} to {friend}.", "{Subj} loses {k} {items}."]
 WP_DISTRACTOR = "{other} has {d} {items}."
 WP_QUESTION = "How many {items} does {name} have now?"
 
@@ -410,26 +412,35 @@ def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_q
                       distractor_p: float | None = None) -> Example:
     """'Mia has 5 apples. She finds 13 more apples. She loses 2 apples. How many ...?' -> the count, worked
     event by event: '5 plus 13: 5 plus 10 is 15. 15 plus 3 is 18. 18 minus 2: 18 minus 0 is 18. 18 minus 2 is 16.'
-    No count goes below 0."""
+    No count goes below 0. A pronoun stands for the child only right after a sentence about the child alone."""
     lo, hi = steps or WP_STEPS
     top = max_quantity or WP_MAX_QUANTITY
     p_distract = WP_DISTRACTOR_P if distractor_p is None else distractor_p
     name, obj = rng.choice(NAME_LIST), rng.choice(OBJECT_LIST)
     subj, objp, _, _ = PRONOUNS[NAMES[name]]
     friend = rng.choice([n for n in NAME_LIST if n != name])
-    words = {"name": name, "friend": friend, "pron": subj, "Pron": subj.capitalize(), "obj": objp}
+    n_events = rng.randint(lo, hi)
+    distractor_at = rng.randint(1, n_events + 1) if rng.coin(p_distract) else None  # before this event (or the question)
     count = rng.randint(1, top)
-    sentences, work = [WP_START.format(n=count, items=_items(count, obj), **words)], []
-    for _ in range(rng.randint(lo, hi)):
+    sentences, work = [WP_START.format(n=count, items=_items(count, obj), name=name)], []
+    alone = True  # did the last sentence speak of the child alone?
+    for event in range(1, n_events + 2):
+        if event == distractor_at:
+            other = rng.choice([n for n in NAME_LIST if n not in (name, friend)])
+            d = rng.randint(1, top)
+            sentences.append(WP_DISTRACTOR.format(other=other, d=d, items=_items(d, obj)))
+            alone = False
+        if event > n_events:
+            break
         add = count == 0 or (count < top and rng.coin(0.5))
         k = rng.randint(1, top - count) if add else rng.randint(1, count)
         work.append(worked_steps(count, "plus" if add else "minus", k))
         count += k if add else -k
-        sentences.append(rng.choice(WP_ADD if add else WP_SUB).format(k=k, items=_items(k, obj), **words))
-    if rng.coin(p_distract):
-        other = rng.choice([n for n in NAME_LIST if n not in (name, friend)])
-        d = rng.randint(1, top)
-        sentences.insert(rng.randint(1, len(sentences)), WP_DISTRACTOR.format(other=other, d=d, items=_items(d, obj)))
+        template = rng.choice(WP_ADD if add else WP_SUB)
+        words = {"subj": subj if alone else name, "Subj": subj.capitalize() if alone else name,
+                 "obj": objp if alone else name, "friend": friend}
+        sentences.append(template.format(k=k, items=_items(k, obj), **words))
+        alone = "{friend}" not in template
     sentences.append(WP_QUESTION.format(items=OBJECTS[obj], name=name))
     return Example("word_problem", " ".join(sentences), " ".join(work), {"answer": str(count)})
 
@@ -657,6 +668,11 @@ def bayes_accuracy(pairs: list[dict]) -> float:
     return sum(max(p["p_chosen"], 1 - p["p_chosen"]) for p in pairs) / len(pairs)
 
 
+def gold_loss(pairs: list[dict]) -> float:
+    """mean(-log p_chosen): the Bradley-Terry loss (nats) of the gold reward itself on these realised labels."""
+    return sum(-math.log(p["p_chosen"]) for p in pairs) / len(pairs)
+
+
 # ----------------------------------------------------------------------------
 # RL prompt sets
 
@@ -709,7 +725,7 @@ FILES = {"pretrain_train": "pretrain_train.txt", "pretrain_val": "pretrain_val.t
 DEFAULT_SIZES = {"n_chars": 4_000_000, "val_fraction": 0.05, "n_sft": 20_000, "n_sft_val": 1_000,
                  "n_pref": 10_000, "n_pref_val": 1_000, "n_rl": 2_000}
 QUICK_SIZES = {"n_chars": 200_000, "n_sft": 500, "n_sft_val": 100, "n_pref": 300, "n_pref_val": 100, "n_rl": 100}  # smoke runs
-GENERATOR_VERSION = 7  # bump when the generator changes, so ensure_datasets regenerates
+GENERATOR_VERSION = 8  # bump when the generator changes, so ensure_datasets regenerates
 
 
 def _jsonl(rows: list[dict]) -> str:

@@ -402,3 +402,21 @@ def test_the_generator_needs_only_the_standard_library():
     code = "import sys, llm_from_scratch.tinyworld; bad = {'torch', 'numpy', 'safetensors'} & set(sys.modules); print(sorted(bad))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_word_problem_pronouns_have_one_reading():
+    """'Tom has 1 car. Leo has 15 cars. He finds 15 more cars.': whose cars? A pronoun may stand for the child
+    only right after a sentence that names nobody else."""
+    names = set(tw.NAME_LIST)
+    rng, pronouns_seen, names_again = tw.Recorder(3), 0, 0
+    for _ in range(2000):
+        ex = tw.make_word_problem(rng)
+        sentences = [s.strip() for s in re.findall(r"[^.?]+[.?]", ex.prompt)]
+        child = re.fullmatch(r"(\w+) has \d+ \w+\.", sentences[0]).group(1)
+        for before, s in zip(sentences, sentences[1:]):
+            if re.search(r"\b([Ss]he|[Hh]e|her|him)\b", s):
+                pronouns_seen += 1
+                assert {w for w in re.findall(r"\w+", before) if w in names} <= {child}, (before, s)
+            elif not s.startswith("How") and not re.match(r"\w+ has \d+", s) and child in s:
+                names_again += 1
+    assert pronouns_seen > 2000 and names_again > 500  # both forms occur
