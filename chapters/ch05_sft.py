@@ -27,8 +27,8 @@ import cli  # chapters/cli.py: common flags, one-line errors (also puts the repo
 import matplotlib.pyplot as plt
 
 from llm_from_scratch import tinyworld
-from llm_from_scratch.checkpoint import (atomic_write_text, prerequisite, quick_mode, read_jsonl, require_real, runs_root,
-                                         shown, start_run, write_summary)
+from llm_from_scratch.checkpoint import (atomic_write_text, finished_run, prerequisite, quick_mode, read_jsonl, require_real,
+                                         runs_root, shown, start_run, write_summary)
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
 from llm_from_scratch.plots import loss_plot, save
@@ -157,6 +157,18 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     return result
 
 
+def finished_seed(args, out: Path, seed: int) -> dict | None:
+    """The result of a finished run of this very configuration in `out` (a sweep picks up where it stopped), else None."""
+    if args.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
+        return None
+    result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    same = {"steps": args.steps, "seed": seed, "lr": args.lr, "train_on_prompt": args.train_on_prompt}
+    if any(result.get(k) != v for k, v in same.items()) or args.dtype not in ("auto", result["precision"]):
+        return None
+    print(f"seed {seed}: keeping the finished run in {shown(out)} ({result['precision']})")
+    return result
+
+
 def spread(results: list[dict]) -> dict[str, dict]:
     """min / median / max over the runs of each headline task's accuracy (story: the gold score)."""
     out = {}
@@ -187,7 +199,8 @@ def main(argv=None) -> dict:
     sweep_dir = args.out or root / "sft_seeds"
     results, before = [], None
     for k in range(args.seeds):
-        results.append(sft_run(args, sweep_dir / f"seed{k}", k, init, device, before))
+        kept = finished_seed(args, sweep_dir / f"seed{k}", k)
+        results.append(kept or sft_run(args, sweep_dir / f"seed{k}", k, init, device, before))
         before = results[-1]["before"]  # the same pretrained model: evaluate it once
         args.dtype = results[-1]["precision"]  # and choose the precision once: every seed trains alike
     text = spread_table(results)

@@ -6,6 +6,7 @@ Chapters that later issues add join the CHAPTERS list.
 
     python chapters/run_all.py            # the real course
     python chapters/run_all.py --quick    # a smoke run of every chapter (minutes)
+    python chapters/run_all.py --keep-finished   # after an interruption: keep the chapters already finished
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llm_from_scratch.checkpoint import atomic_write_text, quick_mode, runs_root  # noqa: E402
+from llm_from_scratch.checkpoint import atomic_write_text, finished_run, quick_mode, runs_root  # noqa: E402
 
 # (script, run folder it writes)
 CHAPTERS = [
@@ -38,6 +39,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke-run every chapter (also LLMFS_QUICK=1)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--only", nargs="*", metavar="chNN", help="run only these chapters (e.g. --only ch01)")
+    ap.add_argument("--keep-finished", action="store_true",
+                    help="keep every chapter whose run folder already holds a finished run (its summary.json) and run "
+                         "only the others: picks up after an interruption")
     args = ap.parse_args()
     quick = args.quick or quick_mode()
     env = dict(os.environ, LLMFS_QUICK="1" if quick else os.environ.get("LLMFS_QUICK", "0"))
@@ -47,22 +51,32 @@ def main() -> None:
     for script, folder in CHAPTERS:
         if args.only and not any(script.startswith(o) for o in args.only):
             continue
-        cmd = [sys.executable, str(ROOT / "chapters" / script)] + (["--quick"] if quick else []) + (["--quiet"] if args.quiet else [])
-        print(f"\n=== {script} ===", flush=True)
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, env=env)
-        timings.append((script, time.perf_counter() - t0))
-        if done.returncode != 0:
-            sys.exit(f"run_all: {script} failed (exit code {done.returncode}); the chapters before it are saved in {root}")
+        if args.keep_finished and (done := finished_run(root / folder)) and bool(done.get("quick")) == quick:
+            print(f"\n=== {script}: keeping the finished run in {folder}/ ===", flush=True)
+            timings.append((script, None))
+        else:
+            timings.append((script, run_chapter(script, quick, args.quiet, env)))
         fragment = root / folder / "report.md"
         sections.append(fragment.read_text(encoding="utf-8") if fragment.exists() else f"## {script}\n\n(no report)\n")
 
     lines = ["# llm-from-scratch: course report", "",
              f"{'Quick smoke run' if quick else 'Full run'} of {len(timings)} chapter(s), {time.strftime('%Y-%m-%d %H:%M')}.", "",
              "| chapter | seconds |", "|---|---:|"]
-    lines += [f"| {s} | {t:.0f} |" for s, t in timings] + [""]
+    lines += [f"| {s} | {'kept from an earlier run' if t is None else f'{t:.0f}'} |" for s, t in timings] + [""]
     atomic_write_text(root / "report.md", "\n".join(lines + sections))
     print(f"\nreport: {root / 'report.md'}")
+
+
+def run_chapter(script: str, quick: bool, quiet: bool, env: dict) -> float:
+    """Run one chapter script in its own process; its wall-clock seconds. Exits on failure."""
+    cmd = [sys.executable, str(ROOT / "chapters" / script)] + (["--quick"] if quick else []) + (["--quiet"] if quiet else [])
+    print(f"\n=== {script} ===", flush=True)
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env)
+    if done.returncode != 0:
+        sys.exit(f"run_all: {script} failed (exit code {done.returncode}); the chapters before it are saved in "
+                 f"{runs_root(quick)}; `python chapters/run_all.py --keep-finished` picks up from there")
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

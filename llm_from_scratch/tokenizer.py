@@ -183,6 +183,8 @@ def learn_merges(text: str, vocab_size: int, pattern: str = GPT2_SPLIT_PATTERN, 
         if bar is not None:
             bar.update(1)
     if bar is not None:
+        bar.total = len(merges)  # out of pairs early: end the bar at 100% of the merges there were
+        bar.refresh()
         bar.close()
     return merges
 

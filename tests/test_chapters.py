@@ -46,6 +46,16 @@ def test_run_all_quick(quick_env):
         assert (runs / folder / "report.md").is_file()
         assert json.loads((runs / folder / "summary.json").read_text())["quick"] is True
 
+    # picking up after an interruption: finished chapters are kept, the unfinished one runs again
+    (runs / "reward_model" / "summary.json").unlink()
+    again = subprocess.run([sys.executable, str(ROOT / "chapters" / "run_all.py"), "--quick", "--quiet", "--keep-finished"],
+                           capture_output=True, text=True, env=quick_env, timeout=1800)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    kept = [line for line in again.stdout.splitlines() if "keeping the finished run" in line]
+    assert len(kept) == len(SCRIPTS) - 1 and "=== ch06_reward_model.py ===" in again.stdout
+    assert (runs / "reward_model" / "summary.json").is_file()
+    assert (runs / "report.md").read_text().count("kept from an earlier run") == len(SCRIPTS) - 1
+
 
 @pytest.mark.slow
 def test_seed_sweep_prints_the_spread(quick_env):
@@ -59,6 +69,13 @@ def test_seed_sweep_prints_the_spread(quick_env):
     runs = summary["spread"]["arithmetic"]["runs"]
     seed_results = [json.loads((sweep / f"seed{k}" / "eval.json").read_text())["after"]["arithmetic"]["accuracy"] for k in (0, 1)]
     assert runs == seed_results and summary["spread"]["arithmetic"]["min"] == min(seed_results)
+
+    # a sweep picks up where it stopped: finished seeds of the same configuration are kept, not trained again
+    again = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch05_sft.py"), "--quick", "--quiet", "--seeds", "2"],
+                           capture_output=True, text=True, env=quick_env, timeout=1200)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("keeping the finished run") == 2 and "trained in" not in again.stdout
+    assert json.loads((sweep / "summary.json").read_text())["spread"] == summary["spread"]
 
 
 @pytest.mark.slow

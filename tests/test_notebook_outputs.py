@@ -1,0 +1,125 @@
+"""The committed notebooks' outputs are clean: what a student sees when they open a notebook on GitHub.
+
+Mechanical checks, one per rule of the project's notebook standard (CONTRIBUTING.md):
+no path of the machine that ran them, no progress bar frozen mid-way, no figure drawn twice, no raw JSON dump,
+and sample tables that show the prompt as well as the answer. The checks read the outputs only; the notebook
+test (test_notebooks.py) runs the code."""
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~])(/(home|Users|tmp|work|root|private|var/folders|mnt|opt)/[\w.\-/]+|[A-Za-z]:\\\\[\w.\-\\]+)")
+PROGRESS = re.compile(r"(\d+)%\|")  # tqdm: ' 37%|███▋      | 37/100 [...]'
+ANSWER_COLUMN = re.compile(r"\b(response|answer|completion|sample|output)s?\b", re.IGNORECASE)
+PROMPT_COLUMN = re.compile(r"\b(prompt|question|instruction|input)s?\b", re.IGNORECASE)
+
+
+def output_texts(output) -> list[str]:
+    """Every piece of text an output shows (streams, plain text, markdown, HTML)."""
+    if output.output_type == "stream":
+        return [output.text]
+    if output.output_type in ("execute_result", "display_data"):
+        data = output.get("data", {})
+        return [data[k] for k in ("text/plain", "text/markdown", "text/html") if k in data]
+    if output.output_type == "error":
+        return ["\n".join(output.get("traceback", []))]
+    return []
+
+
+def absolute_paths(text: str) -> list[str]:
+    return [m.group(0) for m in ABSOLUTE_PATH.finditer(text)]
+
+
+def frozen_progress_bars(text: str) -> list[str]:
+    """Progress bars whose last state (what the reader sees, after the carriage returns) is not 100%."""
+    frozen = []
+    for line in text.split("\n"):
+        states = [part for part in line.split("\r") if part.strip()]
+        m = PROGRESS.search(states[-1]) if states else None
+        if m and int(m.group(1)) < 100:
+            frozen.append(states[-1].strip())
+    return frozen
+
+
+def duplicate_images(outputs) -> int:
+    """How many images in one cell's outputs repeat an earlier one (a figure both displayed and returned)."""
+    images = [o.data["image/png"] for o in outputs if o.output_type in ("display_data", "execute_result")
+              and "image/png" in o.get("data", {})]
+    figure_reprs = [o for o in outputs if o.output_type in ("display_data", "execute_result")  # a figure's bare repr
+                    and "image/png" not in o.get("data", {})
+                    and re.fullmatch(r"<Figure size [^>]*>", o.get("data", {}).get("text/plain", "").strip())]
+    return len(images) - len(set(images)) + len(figure_reprs)
+
+
+def is_json_dump(text: str) -> bool:
+    """A multi-line JSON object or list printed as is (json.dumps(..., indent=...)): present the numbers instead."""
+    text = text.strip()
+    if text.count("\n") < 4 or text[:1] not in "{[":
+        return False
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def tables_without_prompts(text: str) -> list[str]:
+    """Header rows of markdown/HTML tables that show answers but not what was asked."""
+    headers = [line for line in text.split("\n") if line.lstrip().startswith("|")
+               and not set(line.replace("|", "").strip()) <= set("-: ")]
+    headers = [h for i, h in enumerate(headers) if i == 0 or not text.split(h)[0].rstrip().endswith("|")]
+    headers += re.findall(r"<thead>.*?</thead>", text, flags=re.DOTALL)
+    return [h.strip() for h in headers if ANSWER_COLUMN.search(h) and not PROMPT_COLUMN.search(h)]
+
+
+def problems(nb) -> list[str]:
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        outputs = cell.get("outputs", [])
+        streams = {}  # a stream arrives in pieces; the reader sees them joined
+        for o in outputs:
+            if o.output_type == "stream":
+                streams[o.name] = streams.get(o.name, "") + o.text
+        texts = list(streams.values()) + [t for o in outputs if o.output_type != "stream" for t in output_texts(o)]
+        for text in texts:
+            found += [f"cell {i}: absolute path {p!r}" for p in absolute_paths(text)]
+            found += [f"cell {i}: progress bar left at {b!r}" for b in frozen_progress_bars(text)]
+            if is_json_dump(text):
+                found.append(f"cell {i}: a raw JSON dump ({text.strip()[:40]!r}...)")
+            found += [f"cell {i}: a table of answers without the prompt: {h[:80]!r}" for h in tables_without_prompts(text)]
+        if duplicate_images(outputs):
+            found.append(f"cell {i}: a figure drawn twice")
+    return found
+
+
+def test_the_checks_catch_what_they_should():
+    assert absolute_paths("saved to /work/main/runs/pretrain and /home/ana/x.png") == ["/work/main/runs/pretrain",
+                                                                                      "/home/ana/x.png"]
+    assert absolute_paths("saved to runs/pretrain (tokens/s 1,234; 3/4 done)") == []
+    assert frozen_progress_bars("train:  37%|███▋      | 37/100 [00:03<00:06]\r") == ["train:  37%|███▋      | 37/100 [00:03<00:06]"]
+    assert frozen_progress_bars("train:  37%|███▋ | 37/100\rtrain: 100%|██████████| 100/100\n") == []
+    assert is_json_dump('{\n  "accuracy": 0.76,\n  "n": 3,\n  "x": 1,\n  "y": 2\n}')
+    assert not is_json_dump("accuracy 0.76\nn 3\n")
+    assert tables_without_prompts("| task | response | gold |\n|---|---|---:|\n| qa | blue | 1.0 |") == ["| task | response | gold |"]
+    assert tables_without_prompts("| task | prompt | response |\n|---|---|---|\n| qa | What? | blue |") == []
+    png = {"output_type": "display_data", "data": {"image/png": "iVBOR..."}, "metadata": {}}
+    twice = [nbformat.from_dict(png), nbformat.from_dict(dict(png, output_type="execute_result", execution_count=1))]
+    assert duplicate_images(twice) == 1 and duplicate_images(twice[:1]) == 0
+    bare = nbformat.from_dict({"output_type": "display_data", "data": {"text/plain": "<Figure size 640x480 with 1 Axes>"},
+                               "metadata": {}})
+    assert duplicate_images(twice[:1] + [bare]) == 1
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_outputs_are_clean(path):
+    found = problems(nbformat.read(path, as_version=4))
+    assert not found, f"{path.name}:\n" + "\n".join(found)
