@@ -25,7 +25,7 @@ import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
 import regex  # noqa: E402
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, start_run, write_summary  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, shown, start_run, write_summary  # noqa: E402
 from llm_from_scratch.data import python_stdlib_text, read_text, tinyworld_dir  # noqa: E402
 from llm_from_scratch.plots import line_plot, merges_plot  # noqa: E402
 from llm_from_scratch.tokenizer import (  # noqa: E402
@@ -170,7 +170,7 @@ def main(argv=None) -> dict:
     atomic_write_text(out / "sweep.json", json.dumps(rows, indent=2))
     atomic_write_text(out / "report.md", report(summary, rows, real_name))
     write_summary(out, summary, args.quick)  # last: marks the run finished (later chapters look for it)
-    say(f"saved the tokenizer ({tok.vocab_size} tokens) to {out}")
+    say(f"saved the tokenizer ({tok.vocab_size} tokens) to {shown(out)}")
     return summary
 
 

@@ -28,7 +28,7 @@ import regex  # noqa: E402
 import torch  # noqa: E402
 
 from llm_from_scratch.attention import CausalSelfAttention, KVCache, causal_mask, explicit_attention  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, start_run, write_summary  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, shown, start_run, write_summary  # noqa: E402
 from llm_from_scratch.device import DEVICE_CHOICES, pick_device, seed_everything  # noqa: E402
 from llm_from_scratch.model import GPT, GPTConfig  # noqa: E402
 from llm_from_scratch.plots import line_plot, save  # noqa: E402
@@ -153,7 +153,7 @@ def sentence_tokens(quick: bool) -> tuple[list[int], list[str], str | None]:
         distinct = {w: i for i, w in enumerate(dict.fromkeys(words))}
         return [distinct[w] for w in words], [str(i) for i in range(len(words))], None
     ids = tok.encode(SENTENCE)
-    return ids, [tok.decode([i]).replace(" ", "·") for i in ids], f"chapter 1's, {tok.vocab_size} tokens, from {folder}"
+    return ids, [tok.decode([i]).replace(" ", "·") for i in ids], f"chapter 1's, {tok.vocab_size} tokens, from {shown(folder)}"
 
 
 def duplicate_token_head(ids: list[int], recency: float = 3.0) -> tuple[CausalSelfAttention, torch.Tensor]:
@@ -414,7 +414,7 @@ def main(argv=None) -> dict:
     atomic_write_text(out / "report.md", report(summary, timing, rel))
     write_summary(out, summary, args.quick)  # last: marks the run finished
     say(f"explicit/sdpa at T={headline_t}: {headline['ratio']:.2f}x; max |explicit - sdpa| = {max(diff_plain, diff_padded, diff_gpt):.2e}; "
-        f"saved to {out}")
+        f"saved to {shown(out)}")
     return summary
 
 

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode, runs_root, start_run, write_summary  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode, runs_root, shown, start_run, write_summary  # noqa: E402
 from llm_from_scratch.device import DEVICE_CHOICES, pick_device, seed_everything  # noqa: E402
 from llm_from_scratch.generation import filter_logits, generate, left_pad, sample_next  # noqa: E402
 from llm_from_scratch.model import GPT, PRESETS, GPTConfig  # noqa: E402
@@ -314,7 +314,7 @@ def main(argv=None) -> dict:
     append_metrics(out / "metrics.jsonl", summary)
     atomic_write_text(out / "report.md", report(summary, counts, out.name))
     write_summary(out, summary, args.quick)  # last: marks the run finished
-    say(f"\nsaved metrics.jsonl, report.md, sampling.png and kv_cache.png to {out}")
+    say(f"\nsaved metrics.jsonl, report.md, sampling.png and kv_cache.png to {shown(out)}")
     return summary
 
 

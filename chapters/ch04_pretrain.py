@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from llm_from_scratch import tinyworld
-from llm_from_scratch.checkpoint import (atomic_write_text, prerequisite, quick_mode, read_jsonl, runs_root, start_run,
-                                         write_summary)
+from llm_from_scratch.checkpoint import (atomic_write_text, prerequisite, quick_mode, read_jsonl, runs_root, shown,
+                                         start_run, write_summary)
 from llm_from_scratch.data import WindowSampler, document_windows, read_text, tinyworld_dir
 from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
 from llm_from_scratch.generation import generate
@@ -172,7 +172,7 @@ def main(argv=None) -> dict:
     write_summary(out, result, args.quick)  # last: marks the run finished
     if floor is not None:
         print(f"best validation loss {summary['best_val']:.4f} nats/token; floor {floor:.4f}; gap {summary['best_val'] - floor:.4f}")
-    print(f"trained {summary['tokens']:,} tokens in {seconds / 60:.1f} min; checkpoint in {out}")
+    print(f"trained {summary['tokens']:,} tokens in {seconds / 60:.1f} min; checkpoint in {shown(out)}")
     return result
 
 

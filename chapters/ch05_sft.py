@@ -139,8 +139,7 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     for r in rows:
         if shown_per_task.get(r["task"], 0) < 2:
             shown_per_task[r["task"]] = shown_per_task.get(r["task"], 0) + 1
-            cell = lambda s: s.replace("\n", " ").replace("|", "/")[:160]  # noqa: E731
-            samples.append(f"| {r['task']} | {cell(r['prompt'])} | {cell(r['response'])} | {r['reward']:.2f} |")
+            samples.append(f"| {r['task']} | {table_cell(r['prompt'])} | {table_cell(r['response'])} | {r['reward']:.2f} |")
     result = {"before": before, "after": after, "seconds": seconds, "steps": args.steps, "seed": seed, "lr": args.lr,
               "train_on_prompt": args.train_on_prompt, "device": str(device), "precision": dtype,
               "precision_step_seconds": timing or None}
@@ -155,6 +154,13 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     write_summary(out, {k: v for k, v in result.items() if k != "before"}, args.quick)  # last: marks the run finished
     print(f"trained in {seconds / 60:.1f} min; model in {shown(out)}")
     return result
+
+
+def table_cell(text: str, width: int = 160) -> str:
+    """One markdown table cell: newlines and pipes replaced; a long text keeps its start and its end (a QA prompt's
+    question comes last)."""
+    text = text.replace("\n", " ").replace("|", "/")
+    return text if len(text) <= width else text[: width // 2 - 2] + " … " + text[-(width // 2 - 2):]
 
 
 def finished_seed(args, out: Path, seed: int) -> dict | None:

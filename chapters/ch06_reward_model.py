@@ -5,7 +5,8 @@ tiny world's story preference pairs, whose labels were drawn from a hidden gold 
 Bradley–Terry noise, so the best accuracy any reward model can reach (the Bayes ceiling) is known.
 Then shifts the head's bias so SFT samples score 0 on average, and compares the reward model with the
 gold reward on fresh SFT samples: correlation, and the cases where they disagree (what a policy
-optimised against this reward model will exploit). Writes runs/reward_model/.
+optimised against this reward model will exploit). Writes runs/reward_model/: the model, the tokenizer,
+metrics.jsonl, the figures, sft_samples.jsonl (every scored SFT sample), report.md and summary.json.
 
     python chapters/ch06_reward_model.py            # the default run: about 3 minutes on 2 CPU cores
     python chapters/ch06_reward_model.py --quick    # a smoke run (also LLMFS_QUICK=1)
@@ -13,6 +14,7 @@ optimised against this reward model will exploit). Writes runs/reward_model/.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
@@ -180,6 +182,10 @@ def main(argv=None) -> dict:
     figures(out, read_jsonl(out / "metrics.jsonl"), margins, gold, scores.tolist(), gold_scores.tolist(),
             ceiling, gold_bt_loss)
 
+    atomic_write_text(out / "sft_samples.jsonl", "".join(  # every scored sample, for a closer look (notebook 06)
+        json.dumps({"prompt": p["prompt"], "response": resp, "rm": s, "gold": g}) + "\n"
+        for p, resp, s, g in zip(prompts, responses, scores.tolist(), gold_scores.tolist())))
+
     # where the reward model and gold disagree most: the openings a policy will find
     z = lambda t: (t - t.mean()) / (t.std() + 1e-8)  # noqa: E731
     gap = z(scores) - z(gold_scores)
@@ -190,7 +196,8 @@ def main(argv=None) -> dict:
               "by_part": by_part, "sft_gold_at_one": at_one,
               "sft_loglik_baseline": sft_baseline, "best": best,
               "bias_shift": -removed, "sft_reward_std": spread, "rm_gold_correlation": corr, "rm_gold_spearman": rank_corr,
-              "disagreements": disagreements, "steps": args.steps, "seconds": best["seconds"], "device": str(device),
+              "disagreements": disagreements, "steps": args.steps, "batch_size": args.batch_size,
+              "train_pairs": len(train_pairs), "seconds": best["seconds"], "device": str(device),
               "precision": "float32"}
     lines = ["## Chapter 6: the reward model", "",
              f"- held-out pairwise accuracy **{accuracy:.3f}**; Bayes ceiling of the noisy labels {ceiling:.3f}",
@@ -207,8 +214,8 @@ def main(argv=None) -> dict:
              *[f"| {k} | {v['agreement']:.2f} | {sft_baseline['by_part'][k]['agreement']:.2f} | {v['n']} |"
                for k, v in by_part.items()], "",
              "Where the reward model likes a response much more than gold does:", "",
-             "| RM | gold | response |", "|---:|---:|---|"]
-    lines += [f"| {d['rm']:+.2f} | {d['gold']:.2f} | {d['response'][:150]} |" for d in disagreements]
+             "| RM | gold | prompt | response |", "|---:|---:|---|---|"]
+    lines += [f"| {d['rm']:+.2f} | {d['gold']:.2f} | {d['prompt']} | {d['response'][:150]} |" for d in disagreements]
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     write_summary(out, result, args.quick)  # last: marks the run finished
     return result
