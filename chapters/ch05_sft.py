@@ -203,10 +203,13 @@ def main(argv=None) -> dict:
         return sft_run(args, args.out or root / "sft", args.seed, init, device)
 
     sweep_dir = args.out or root / "sft_seeds"
-    results, before = [], None
+    kept = {k: finished_seed(args, sweep_dir / f"seed{k}", k) for k in range(args.seeds)}  # seeds already finished
+    done = [r for r in kept.values() if r]
+    if done and args.dtype == "auto":
+        args.dtype = done[0]["precision"]  # new seeds train as the finished ones did
+    results, before = [], done[0]["before"] if done else None
     for k in range(args.seeds):
-        kept = finished_seed(args, sweep_dir / f"seed{k}", k)
-        results.append(kept or sft_run(args, sweep_dir / f"seed{k}", k, init, device, before))
+        results.append(kept[k] or sft_run(args, sweep_dir / f"seed{k}", k, init, device, before))
         before = results[-1]["before"]  # the same pretrained model: evaluate it once
         args.dtype = results[-1]["precision"]  # and choose the precision once: every seed trains alike
     text = spread_table(results)

@@ -53,7 +53,7 @@ def main() -> None:
             continue
         if args.keep_finished and (done := finished_run(root / folder)) and bool(done.get("quick")) == quick:
             print(f"\n=== {script}: keeping the finished run in {folder}/ ===", flush=True)
-            timings.append((script, None))
+            timings.append((script, "kept" + (f" (trained in {done['seconds']:.0f} s)" if "seconds" in done else "")))
         else:
             timings.append((script, run_chapter(script, quick, args.quiet, env)))
         fragment = root / folder / "report.md"
@@ -62,7 +62,7 @@ def main() -> None:
     lines = ["# llm-from-scratch: course report", "",
              f"{'Quick smoke run' if quick else 'Full run'} of {len(timings)} chapter(s), {time.strftime('%Y-%m-%d %H:%M')}.", "",
              "| chapter | seconds |", "|---|---:|"]
-    lines += [f"| {s} | {'kept from an earlier run' if t is None else f'{t:.0f}'} |" for s, t in timings] + [""]
+    lines += [f"| {s} | {t if isinstance(t, str) else f'{t:.0f}'} |" for s, t in timings] + [""]
     atomic_write_text(root / "report.md", "\n".join(lines + sections))
     print(f"\nreport: {root / 'report.md'}")
 

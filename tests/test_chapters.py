@@ -54,7 +54,7 @@ def test_run_all_quick(quick_env):
     kept = [line for line in again.stdout.splitlines() if "keeping the finished run" in line]
     assert len(kept) == len(SCRIPTS) - 1 and "=== ch06_reward_model.py ===" in again.stdout
     assert (runs / "reward_model" / "summary.json").is_file()
-    assert (runs / "report.md").read_text().count("kept from an earlier run") == len(SCRIPTS) - 1
+    assert (runs / "report.md").read_text().count("| kept") == len(SCRIPTS) - 1
 
 
 @pytest.mark.slow
