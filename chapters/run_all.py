@@ -53,7 +53,8 @@ def main() -> None:
             continue
         if args.keep_finished and (done := finished_run(root / folder)) and bool(done.get("quick")) == quick:
             print(f"\n=== {script}: keeping the finished run in {folder}/ ===", flush=True)
-            timings.append((script, "kept" + (f" (trained in {done['seconds']:.0f} s)" if "seconds" in done else "")))
+            seconds = done.get("seconds", done.get("seconds_this_run"))  # training time, as the run recorded it
+            timings.append((script, "kept" + (f" (trained in {seconds:.0f} s)" if seconds else "")))
         else:
             timings.append((script, run_chapter(script, quick, args.quiet, env)))
         fragment = root / folder / "report.md"
