@@ -28,11 +28,23 @@ loss_t = −min(ρ_t A, clip(ρ_t, 1 − ε, 1 + ε) A); on the first inner epoc
 
 Tensors: rewards and advantages (B,) with the k samples of a prompt in consecutive rows; per-token values
 (B, T) with a mask (B, T) that is 1 on completion tokens (up to and including the first EOS).
+
+A step: `rollout` samples k completions per prompt with the policy, scores them with any reward callable
+(the gold reward, or the chapter-6 reward model) and the frozen reference's log-probs; `pg_update` turns that
+batch into advantages and one (or, for GRPO, a few) optimizer steps, and returns the step's metrics.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
+
+from llm_from_scratch.generation import generate, sequence_logprobs
+from llm_from_scratch.model import GPT, eval_mode
+from llm_from_scratch.tokenizer import Tokenizer, encode_chat
+from llm_from_scratch.train import optimizer_step
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -147,3 +159,133 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     loss = aggregate(-torch.minimum(unclipped, clipped), mask, how, constant)
     clipfrac = masked_mean((clipped < unclipped).float(), mask)
     return loss, clipfrac.detach()
+
+
+# ----------------------------------------------------------------------------- rollouts and the update
+
+RewardFn = Callable[[list[str], list[str]], "torch.Tensor | list[float]"]  # (prompts, completions) -> (N,) scores
+ALGOS = ("reinforce", "reinforce-baseline", "rloo", "grpo", "dr-grpo")
+
+
+@dataclass
+class Rollout:
+    """k sampled completions per prompt (a prompt's k samples in consecutive rows) and what an update needs."""
+    sequences: torch.Tensor  # (B, T) left-padded prompt, then the completion (padding after its EOS)
+    attention_mask: torch.Tensor  # (B, T) 1 on real tokens
+    mask: torch.Tensor  # (B, T-1) 1 where a log-prob column scores a completion token (up to and incl. its EOS)
+    ref_logp: torch.Tensor  # (B, T-1) the frozen reference's log-probs at the sampling temperature, 0 off the mask
+    rewards: torch.Tensor  # (B,) what the policy is trained on (the proxy), missing-EOS penalty included
+    gold: torch.Tensor  # (B,) the gold reward, logged beside it (the proxy itself when there is no gold)
+    ended: torch.Tensor  # (B,) bool: the completion produced EOS
+    prompts: list[str]  # (B,) each row's prompt
+    completions: list[str]  # (B,) each row's completion text, without its EOS
+    k: int
+    temperature: float
+
+
+@torch.no_grad()
+def rollout(policy: GPT, reference: GPT, tok: Tokenizer, prompts: list[str], k: int, reward_fn: RewardFn,
+            gold_fn: RewardFn | None = None, max_new_tokens: int = 128, temperature: float = 1.0,
+            missing_eos_penalty: float | None = None, generator: torch.Generator | None = None) -> Rollout:
+    """Sample k completions for each prompt with the policy (dropout off, KV cache), score them, and
+    compute the reference's log-probs of them. A completion cut at max_new_tokens without an EOS loses
+    `missing_eos_penalty` from its reward."""
+    if temperature <= 0:
+        raise ValueError(f"rollout: RL samples need a temperature > 0, got {temperature}")
+    rows = [encode_chat(tok, p)[0] for p in prompts for _ in range(k)]  # (B = len(prompts) * k) token lists
+    gen = generate(policy, rows, max_new_tokens, temperature=temperature, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                   generator=generator)
+    mask = gen.completion_mask[:, 1:]  # (B, T-1): column t scores token t+1
+    with eval_mode(reference):
+        ref_logp = sequence_logprobs(reference, gen.sequences, gen.attention_mask, temperature) * mask
+    tokens = gen.completions()
+    ended = torch.tensor([bool(c) and c[-1] == tok.eos_id for c in tokens])
+    texts = [tok.decode(c[:-1] if e else c) for c, e in zip(tokens, ended.tolist())]
+    row_prompts = [p for p in prompts for _ in range(k)]
+    rewards = torch.as_tensor(reward_fn(row_prompts, texts), dtype=torch.float32).flatten().cpu()
+    gold = rewards.clone() if gold_fn is None else torch.as_tensor(gold_fn(row_prompts, texts), dtype=torch.float32).cpu()
+    if missing_eos_penalty:
+        rewards = rewards - missing_eos_penalty * (~ended).float()
+    return Rollout(gen.sequences, gen.attention_mask, mask, ref_logp, rewards, gold, ended, row_prompts, texts, k,
+                   temperature)
+
+
+@dataclass
+class PGConfig:
+    algo: str = "rloo"  # one of ALGOS
+    k: int = 4  # samples per prompt (the group size of RLOO and GRPO)
+    beta: float = 0.05  # KL coefficient
+    kl_in: str = "reward"  # "reward": r − β·Σ_t k1 per sequence (RLOO's form); "loss": + β·k3 per token (GRPO's)
+    inner_epochs: int = 1  # optimizer steps on each rollout batch (GRPO: a few, with the clipped ratio)
+    clip_eps: float = 0.2
+    max_new_tokens: int = 128  # also Dr. GRPO's constant normaliser
+    temperature: float = 1.0
+    grad_clip: float = 1.0
+
+
+def normalisation(algo: str) -> str:
+    """How each estimator sums its per-token terms (see `aggregate`)."""
+    return {"grpo": "sequence", "dr-grpo": "constant"}.get(algo, "sum")
+
+
+def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: PGConfig,
+              baseline: MovingAverageBaseline | None = None) -> dict[str, float]:
+    """Advantages from the rollout's rewards, then cfg.inner_epochs optimizer steps on the same samples.
+    The policy runs with dropout off, at the sampling temperature. Returns the step's metrics."""
+    if cfg.algo not in ALGOS:
+        raise ValueError(f"unknown algorithm {cfg.algo!r}; choose from {ALGOS}")
+    if cfg.kl_in not in ("reward", "loss"):
+        raise ValueError(f"kl_in must be 'reward' or 'loss', got {cfg.kl_in!r}")
+    how, mask = normalisation(cfg.algo), ro.mask
+    clipped = cfg.algo in ("grpo", "dr-grpo")
+    metrics: dict[str, float] = {}
+    with eval_mode(policy):
+        for epoch in range(cfg.inner_epochs):
+            logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, ro.temperature) * mask  # (B, T-1)
+            if epoch == 0:  # the policy that sampled: old log-probs, the KL, and the advantages
+                old_logp = logp.detach()
+                kl1, kl3 = kl_k1(old_logp, ro.ref_logp) * mask, kl_k3(old_logp, ro.ref_logp) * mask  # (B, T-1)
+                seq_kl = masked_sum(kl1, mask, dim=1)  # (B,)
+                score = ro.rewards - cfg.beta * seq_kl if cfg.kl_in == "reward" else ro.rewards  # (B,)
+                adv = advantages(cfg.algo, score, cfg.k, baseline)
+                metrics.update(estimator_metrics(ro, score, seq_kl, kl3, old_logp))
+            if clipped:
+                loss, clipfrac = clipped_policy_loss(logp, old_logp, adv, mask, cfg.clip_eps, how, cfg.max_new_tokens)
+                metrics["policy/clipfrac"] = clipfrac.item()
+            else:
+                loss = policy_gradient_loss(logp, adv, mask, how, cfg.max_new_tokens)
+            if cfg.kl_in == "loss":
+                loss = loss + cfg.beta * aggregate(kl_k3(logp, ro.ref_logp) * mask, mask, how, cfg.max_new_tokens)
+            loss.backward()
+            metrics["train/grad_norm"] = optimizer_step(policy, optimizer, cfg.grad_clip)
+            metrics["loss/policy"] = loss.item()
+    return metrics
+
+
+def advantages(algo: str, score: torch.Tensor, k: int, baseline: MovingAverageBaseline | None = None) -> torch.Tensor:
+    """(B,) advantages of one rollout batch's scores for the given estimator."""
+    if algo == "reinforce":
+        return score
+    if algo == "reinforce-baseline":
+        if baseline is None:
+            raise ValueError("reinforce-baseline needs a MovingAverageBaseline that lives across steps")
+        return baseline.advantages(score)
+    if algo == "rloo":
+        return rloo_advantages(score, k)
+    return grpo_advantages(score, k, scale="group" if algo == "grpo" else "none")
+
+
+def estimator_metrics(ro: Rollout, score: torch.Tensor, seq_kl: torch.Tensor, kl3: torch.Tensor,
+                      logp: torch.Tensor) -> dict[str, float]:
+    """The standard diagnostics of one rollout batch (names as in TRL/CleanRL)."""
+    groups = ro.rewards.view(-1, ro.k)
+    lengths = ro.mask.sum(dim=1).float()  # (B,) completion tokens, EOS included
+    return {
+        "reward": score.mean().item(), "reward_std": score.std().item() if score.numel() > 1 else 0.0,
+        "proxy/reward": ro.rewards.mean().item(), "gold/reward": ro.gold.mean().item(),
+        "objective/kl": seq_kl.mean().item(), "objective/kl_k3": masked_sum(kl3, ro.mask, dim=1).mean().item(),
+        "objective/entropy": masked_mean(-logp, ro.mask).item(),  # per token: E[−log π] on the policy's own samples
+        "completions/mean_length": lengths.mean().item(),
+        "completions/clipped_ratio": (~ro.ended).float().mean().item(),
+        "frac_reward_zero_std": (groups.std(dim=1) == 0).float().mean().item() if ro.k > 1 else 0.0,
+    }

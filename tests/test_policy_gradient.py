@@ -5,8 +5,12 @@ import math
 import pytest
 import torch
 
+from llm_from_scratch.generation import sequence_logprobs
+from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 from llm_from_scratch.policy_gradient import (
+    ALGOS,
     MovingAverageBaseline,
+    PGConfig,
     aggregate,
     clipped_policy_loss,
     grpo_advantages,
@@ -14,9 +18,12 @@ from llm_from_scratch.policy_gradient import (
     kl_k3,
     masked_mean,
     masked_whiten,
+    pg_update,
     policy_gradient_loss,
     rloo_advantages,
+    rollout,
 )
+from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 
 
 def test_rloo_leaves_each_sample_out_of_its_own_baseline():
@@ -132,3 +139,85 @@ def test_moving_average_baseline_uses_only_past_batches():
     assert b.value == 2.0
     assert torch.equal(b.advantages(torch.tensor([0.0, 4.0])), torch.tensor([-2.0, 2.0]))  # baseline 2, from before
     assert b.value == pytest.approx(0.5 * 2.0 + 0.5 * 2.0)
+
+
+# ----------------------------------------------------------------------------- rollouts and the update on a tiny GPT
+
+TEXT = "Add 2 and 3. 5 Sort these words: cat, dog. cat, dog Once upon a time there was a kite. The end. " * 30
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.train(TEXT, 300)
+
+
+def tiny_gpt(tok, seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=32, dropout=0.1))
+
+
+def test_rollout_masks_completions_and_scores_each_row_as_alone(tok):
+    policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 1)
+    prompts = ["Add 2 and 3.", "Sort these words: cat, dog, kite."]  # different lengths: left padding
+    ro = rollout(policy, reference, tok, prompts, k=3, reward_fn=lambda p, c: [float(len(x)) for x in c],
+                 max_new_tokens=8, temperature=0.7, generator=torch.Generator().manual_seed(0))
+    assert ro.sequences.shape[0] == 6 and ro.prompts == [prompts[0]] * 3 + [prompts[1]] * 3
+    assert torch.equal(ro.rewards, torch.tensor([float(len(c)) for c in ro.completions]))
+    for i in range(6):
+        completion = ro.sequences[i][torch.cat([torch.zeros(1, dtype=torch.long), ro.mask[i]]).bool()].tolist()
+        assert len(completion) == ro.mask[i].sum() <= 8  # the mask covers the completion, EOS included, nothing after
+        if tok.eos_id in completion:
+            assert completion.index(tok.eos_id) == len(completion) - 1 and ro.ended[i]
+        alone = torch.tensor([encode_chat(tok, ro.prompts[i])[0] + completion])  # the row without any padding
+        with eval_mode(reference):
+            expected = sequence_logprobs(reference, alone, temperature=0.7)[0, -len(completion):]  # as sampled
+        assert torch.allclose(ro.ref_logp[i][ro.mask[i].bool()], expected, atol=1e-5)
+        assert (ro.ref_logp[i][~ro.mask[i].bool()] == 0).all()
+
+
+def test_missing_eos_is_penalised(tok):
+    policy = tiny_gpt(tok)
+    ro = rollout(policy, policy, tok, ["Add 2 and 3."], k=4, reward_fn=lambda p, c: [1.0] * len(c), max_new_tokens=2,
+                 missing_eos_penalty=0.5, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ro.rewards, torch.where(ro.ended, 1.0, 0.5)) and torch.equal(ro.gold, torch.ones(4))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_update_trains_the_policy_and_never_the_reference(tok, algo):
+    policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 0)
+    ref_before = [p.clone() for p in reference.parameters()]
+    pol_before = [p.clone() for p in policy.parameters()]
+    cfg = PGConfig(algo=algo, k=4, inner_epochs=2 if "grpo" in algo else 1, max_new_tokens=6,
+                   kl_in="loss" if "grpo" in algo else "reward")
+    ro = rollout(policy, reference, tok, ["Add 2 and 3.", "Sort these words: cat, dog."], k=4,
+                 reward_fn=lambda p, c: [float(len(x) % 3) for x in c], max_new_tokens=6,
+                 generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    metrics = pg_update(policy, opt, ro, cfg, MovingAverageBaseline())
+    assert all(p.grad is None for p in reference.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(ref_before, reference.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(pol_before, policy.parameters()))
+    assert policy.training  # the update ran with dropout off and gave the mode back
+    assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-5)  # policy == reference when it sampled
+    assert {"reward", "gold/reward", "objective/kl_k3", "objective/entropy", "completions/clipped_ratio",
+            "frac_reward_zero_std"} <= set(metrics)
+
+
+def test_rloo_steps_move_a_tiny_gpt_toward_the_rewarded_answer(tok):
+    """Reward 1 when the one-token completion starts with a space: a few RLOO steps raise that probability."""
+    policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 0)
+    prompt = "Sort these words: cat, dog."
+    spaced = torch.tensor([tok.decode([i]).startswith(" ") for i in range(tok.vocab_size)])  # (V,) rewarded tokens
+
+    def p_rewarded():
+        with eval_mode(policy), torch.no_grad():
+            return torch.softmax(policy(torch.tensor([encode_chat(tok, prompt)[0]]))[0, -1], -1)[spaced].sum().item()
+
+    before = p_rewarded()
+    opt = torch.optim.AdamW(policy.parameters(), lr=2e-2, weight_decay=0.0)
+    cfg, g = PGConfig(algo="rloo", k=16, beta=0.0, max_new_tokens=1), torch.Generator().manual_seed(0)
+    for _ in range(15):
+        ro = rollout(policy, reference, tok, [prompt], k=16, max_new_tokens=1, generator=g,
+                     reward_fn=lambda p, c: [float(x.startswith(" ")) for x in c])
+        pg_update(policy, opt, ro, cfg)
+    assert 0.05 < before < 0.8 and p_rewarded() > before + 0.15
