@@ -31,6 +31,7 @@ CHAPTERS = [
     ("ch04_pretrain.py", "pretrain"),
     ("ch05_sft.py", "sft"),
     ("ch06_reward_model.py", "reward_model"),
+    ("ch07_policy_gradient.py", "pg_word-problems_rloo"),
 ]
 
 

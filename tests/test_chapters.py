@@ -58,6 +58,26 @@ def test_run_all_quick(quick_env):
 
 
 @pytest.mark.slow
+def test_policy_gradient_on_stories_and_resume(quick_env):
+    """Chapter 7 against the (quick) reward model with GRPO, then an interrupted word-problem run picks up."""
+    script = str(ROOT / "chapters" / "ch07_policy_gradient.py")
+    run = subprocess.run([sys.executable, script, "--quick", "--quiet", "--task", "stories", "--algo", "grpo"],
+                         capture_output=True, text=True, env=quick_env, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick" / "pg_stories_grpo"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["quick"] is True and summary["reward"] == "rm" and summary["algo"] == "grpo"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"gold/reward", "proxy/reward", "objective/kl", "objective/kl_k3", "policy/clipfrac"} <= set(records[-1])
+
+    (out / "summary.json").unlink()  # as if stopped after its last checkpoint
+    again = subprocess.run([sys.executable, script, "--quick", "--quiet", "--task", "stories", "--algo", "grpo"],
+                           capture_output=True, text=True, env=quick_env, timeout=1200)
+    assert again.returncode == 0 and "resuming" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    assert (out / "summary.json").is_file()
+
+
+@pytest.mark.slow
 def test_seed_sweep_prints_the_spread(quick_env):
     run = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch05_sft.py"), "--quick", "--quiet", "--seeds", "2"],
                          capture_output=True, text=True, env=quick_env, timeout=1200)

@@ -1,0 +1,242 @@
+"""Chapter 7: policy gradients (REINFORCE, RLOO, GRPO, Dr. GRPO) on the SFT model.
+
+Each step samples --k completions for each of --prompts prompts with the policy (dropout off, temperature 1),
+scores them, and takes a policy-gradient step (llm_from_scratch/policy_gradient.py). The SFT model is both
+the starting policy and the frozen reference of the KL penalty.
+
+  --task word-problems   RL from verifiable rewards: the gold reward is 1 when the final number is right.
+                         Held-out greedy accuracy on the SFT validation word problems, before, during, after.
+  --task stories         RLHF: the reward is the chapter-6 reward model (--reward rm, the default here), and
+                         the gold story reward, which the policy never sees, is logged beside it.
+
+Writes runs/pg_<task>_<algo>/: the policy (model.safetensors, config.json, the tokenizer), metrics.jsonl
+(reward, gold/reward, proxy/reward, objective/kl and kl_k3, objective/entropy, completions/*, time per phase),
+eval.json, samples.md, curves.png, report.md and summary.json. An interrupted run resumes from its last
+evaluation (--no-resume starts over).
+
+    python chapters/ch07_policy_gradient.py                         # RLOO on word problems
+    python chapters/ch07_policy_gradient.py --algo grpo
+    python chapters/ch07_policy_gradient.py --task stories --beta 0 # against the reward model, no KL
+    python chapters/ch07_policy_gradient.py --quick                 # a smoke run (also LLMFS_QUICK=1)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+import matplotlib.pyplot as plt
+import torch
+from tqdm import tqdm
+
+from llm_from_scratch import tinyworld
+from llm_from_scratch.checkpoint import (append_metrics, atomic_write_text, load_train_state, prerequisite, quick_mode,
+                                         read_jsonl, require_real, runs_root, save_train_state, shown, start_run,
+                                         write_summary)
+from llm_from_scratch.data import tinyworld_dir
+from llm_from_scratch.device import pick_device, seed_everything
+from llm_from_scratch.plots import save
+from llm_from_scratch.policy_gradient import ALGOS, MovingAverageBaseline, PGConfig, pg_update, rollout
+from llm_from_scratch.model import eval_mode
+from llm_from_scratch.reward_model import RewardModel, score_rows, score_texts
+from llm_from_scratch.sft import answer
+from llm_from_scratch.tokenizer import Tokenizer, encode_chat
+from llm_from_scratch.train import load_gpt, save_gpt
+
+TASKS = {"word-problems": ("verifiable", "word_problem"), "stories": ("stories", "story")}
+
+
+def parse_args(argv=None):
+    ap = cli.parser(__doc__)
+    ap.add_argument("--algo", default="rloo", choices=ALGOS, help="the estimator (default rloo)")
+    ap.add_argument("--task", default="word-problems", choices=sorted(TASKS), help="default word-problems")
+    ap.add_argument("--reward", choices=["gold", "rm"],
+                    help="what the policy is trained on: the gold reward or the chapter-6 reward model "
+                         "(default: gold for word problems, rm for stories)")
+    ap.add_argument("--init", type=Path, help="policy and reference to start from (default runs/sft)")
+    ap.add_argument("--steps", type=int, default=100, help="policy-gradient steps (default 100)")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
+    ap.add_argument("--k", type=int, default=8, help="samples per prompt (default 8)")
+    ap.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (default 2e-5)")
+    ap.add_argument("--beta", type=float, default=0.02, help="KL coefficient (default 0.02; 0 = no KL penalty)")
+    ap.add_argument("--kl-in", choices=["reward", "loss"],
+                    help="where the KL goes: 'reward' (−β·Σ k1 per sequence) or 'loss' (β·k3 per token); "
+                         "default: loss for GRPO and Dr. GRPO, reward otherwise")
+    ap.add_argument("--inner-epochs", type=int, help="updates per rollout batch (default: 2 for GRPO, 1 otherwise)")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="completion length limit (default 128)")
+    ap.add_argument("--missing-eos-penalty", type=float, default=0.0,
+                    help="subtracted from the reward of a completion cut off without EOS (default 0)")
+    ap.add_argument("--eval-interval", type=int, default=25, help="steps between held-out evaluations (default 25)")
+    ap.add_argument("--eval-examples", type=int, default=1000,
+                    help="held-out examples of the task to score (default 1000: all there are)")
+    ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
+    cli.add_common_args(ap, "pg_<task>_<algo>")
+    cli.add_prerequisite_arg(ap)
+    args = ap.parse_args(argv)
+    args.quick = args.quick or quick_mode()
+    args.reward = args.reward or ("gold" if args.task == "word-problems" else "rm")
+    grpo = args.algo in ("grpo", "dr-grpo")
+    args.kl_in = args.kl_in or ("loss" if grpo else "reward")
+    args.inner_epochs = args.inner_epochs or (2 if grpo else 1)
+    for flag in ("steps", "prompts", "k", "max_new_tokens", "eval_interval", "inner_epochs"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be ≥ 1")
+    if args.k < 2 and args.algo != "reinforce":
+        ap.error(f"--algo {args.algo} compares samples of one prompt: --k must be ≥ 2")
+    if args.quick:
+        args.steps, args.prompts, args.k, args.max_new_tokens = 4, 2, 4, 24
+        args.eval_interval, args.eval_examples = 2, 8
+    return args
+
+
+def evaluate(policy, tok, examples: list[dict], task: str, rm=None) -> dict:
+    """Greedy answers to held-out prompts: the gold reward's mean (accuracy for word problems), and the
+    reward model's mean score for stories."""
+    answers = answer(policy, tok, [e["prompt"] for e in examples])
+    gold = [tinyworld.gold_reward(e, text) for e, (text, _) in zip(examples, answers)]
+    result = {"gold": sum(gold) / len(gold), "n": len(gold), "ended": sum(e for _, e in answers) / len(answers)}
+    if rm is not None:
+        result["proxy"] = score_texts(rm, tok, [e["prompt"] for e in examples], [t for t, _ in answers]).mean().item()
+    result["samples"] = [{"prompt": e["prompt"], "response": t, "gold": g} for e, (t, _), g in zip(examples[:6], answers, gold)]
+    return result
+
+
+def curves(out: Path, records: list[dict], task: str) -> None:
+    steps = [r["step"] for r in records if "reward" in r]
+    evals = [r for r in records if "eval/gold" in r]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a1.plot(steps, [r["proxy/reward"] for r in records if "reward" in r], alpha=0.6, label="sampled: trained reward")
+    if task == "stories":
+        a1.plot(steps, [r["gold/reward"] for r in records if "reward" in r], alpha=0.6, label="sampled: gold reward")
+    a1.plot([r["step"] for r in evals], [r["eval/gold"] for r in evals], marker="o",
+            label="held out, greedy: " + ("accuracy" if task == "word-problems" else "gold reward"))
+    a1.set(xlabel="step", ylabel="reward")
+    a2.plot(steps, [r["objective/kl"] for r in records if "reward" in r], label="KL (k1, per sequence)")
+    a2.plot(steps, [r["objective/kl_k3"] for r in records if "reward" in r], label="KL (k3, per sequence)")
+    a2.set(xlabel="step", ylabel="nats")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    save(fig, out / "curves.png")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    root = runs_root(args.quick)
+    out = args.out or root / f"pg_{args.task}_{args.algo}"
+    device = pick_device(args.device)
+    seed_everything(args.seed)
+    init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
+    require_real(init, args.quick)
+    tok = Tokenizer.load(init)
+    policy = load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
+    reference = load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
+    rm = None
+    if args.reward == "rm" or args.task == "stories":
+        rm_dir = prerequisite("reward_model", args.quick, build=not args.no_build)
+        require_real(rm_dir, args.quick)
+        rm = RewardModel.load(rm_dir, device=device, vocab_size=tok.vocab_size).requires_grad_(False)
+
+    kind, task = TASKS[args.task]
+    sizes = tinyworld.QUICK_SIZES if args.quick else {}
+    paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
+    train_prompts = [p for p in read_jsonl(paths[f"rl_{kind}"]) if p["task"] == task]
+    held_out = [e for e in read_jsonl(paths["sft_val"]) if e["task"] == task][: args.eval_examples]
+    by_prompt = {p["prompt"]: p for p in train_prompts}
+
+    def gold_fn(prompts, completions):
+        return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
+
+    def rm_fn(prompts, completions):
+        # the completions are the policy's own tokens, special ones included: encode them back as they were sampled
+        # (encode_chat would refuse a completion that wrote "<|assistant|>"), close each with EOS as in training
+        rows = [encode_chat(tok, p)[0] + tok.encode(c, allowed_special="all") + [tok.eos_id]
+                for p, c in zip(prompts, completions)]
+        with eval_mode(rm):
+            return score_rows(rm, rows, tok.pad_id, chunk_rows=64).cpu()
+
+    reward_fn = gold_fn if args.reward == "gold" else rm_fn
+    cfg = PGConfig(algo=args.algo, k=args.k, beta=args.beta, kl_in=args.kl_in, inner_epochs=args.inner_epochs,
+                   max_new_tokens=args.max_new_tokens)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    baseline = MovingAverageBaseline()
+    print(f"{args.algo} on {args.task} ({len(train_prompts):,} training prompts, {len(held_out)} held out), reward: "
+          f"{'gold' if args.reward == 'gold' else 'the reward model'}; {args.prompts} prompts x {args.k} samples per "
+          f"step, β = {args.beta} (KL in the {args.kl_in}), lr {args.lr}, {args.steps} steps")
+
+    state_file = out / "last" / "train_state.pt"
+    if args.no_resume and out.exists():
+        shutil.rmtree(out)
+    start, before = 0, None
+    if state_file.is_file():
+        state = load_train_state(state_file)
+        policy.load_state_dict(load_gpt(out / "last", device=device, vocab_size=tok.vocab_size).state_dict())
+        optimizer.load_state_dict(state["optimizer"])
+        start, baseline.value, before = state["step"], state["baseline"], json.loads(state["before"])
+        torch.set_rng_state(state["rng"])
+        print(f"resuming {shown(out)} at step {start}")
+    start_run(out, fresh=() if start else ("metrics.jsonl",))
+    if before is None:
+        before = evaluate(policy, tok, held_out, args.task, rm)
+        append_metrics(out / "metrics.jsonl", {"step": 0, "eval/gold": before["gold"], **(
+            {"eval/proxy": before["proxy"]} if "proxy" in before else {})})
+    print(f"before: held-out {'accuracy' if args.task == 'word-problems' else 'gold reward'} {before['gold']:.3f}")
+
+    generator = torch.Generator(device=device).manual_seed(args.seed + start)
+    t_start = time.perf_counter()
+    bar = tqdm(range(start, args.steps), desc=args.algo, unit="step", disable=args.quiet, dynamic_ncols=True)
+    for step in bar:
+        prompts = [train_prompts[(step * args.prompts + j) % len(train_prompts)]["prompt"] for j in range(args.prompts)]
+        t0 = time.perf_counter()
+        ro = rollout(policy, reference, tok, prompts, args.k, reward_fn, gold_fn if args.task == "stories" or
+                     args.reward == "gold" else None, args.max_new_tokens, missing_eos_penalty=args.missing_eos_penalty,
+                     generator=generator)
+        t1 = time.perf_counter()
+        metrics = pg_update(policy, optimizer, ro, cfg, baseline)
+        t2 = time.perf_counter()
+        record = {"step": step + 1, **metrics, "time/rollout_s": t1 - t0, "time/update_s": t2 - t1}
+        if (step + 1) % args.eval_interval == 0 or step + 1 == args.steps:
+            result = evaluate(policy, tok, held_out, args.task, rm)
+            record["eval/gold"] = result["gold"]
+            if "proxy" in result:
+                record["eval/proxy"] = result["proxy"]
+            save_gpt(policy, out / "last")
+            save_train_state(state_file, {"step": step + 1, "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+                                          "baseline": baseline.value, "before": json.dumps(before)})
+        append_metrics(out / "metrics.jsonl", record)
+        bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
+    seconds = time.perf_counter() - t_start
+
+    after = evaluate(policy, tok, held_out, args.task, rm)
+    save_gpt(policy, out)
+    tok.save(out)
+    records = read_jsonl(out / "metrics.jsonl")
+    curves(out, records, args.task)
+    last = [r for r in records if "objective/kl" in r][-10:]
+    kl = sum(r["objective/kl"] for r in last) / max(1, len(last))
+    name = "accuracy" if args.task == "word-problems" else "gold reward"
+    print(f"after {args.steps} steps ({seconds / 60:.1f} min): held-out {name} {before['gold']:.3f} -> {after['gold']:.3f} "
+          f"at KL {kl:.3f} nats per sequence (mean of the last 10 steps)")
+    result = {"algo": args.algo, "task": args.task, "reward": args.reward, "before": {k: v for k, v in before.items() if k != "samples"},
+              "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "steps": args.steps,
+              "seconds": seconds, "seed": args.seed, "config": vars(cfg), "lr": args.lr, "prompts": args.prompts,
+              "device": str(device)}
+    atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
+    cell = lambda s: s.replace("\n", " ").replace("|", "/")  # noqa: E731
+    samples = ["| prompt | response after RL | gold |", "|---|---|---:|"]
+    samples += [f"| {cell(s['prompt'])[:200]} | {cell(s['response'])[:200]} | {s['gold']:.2f} |" for s in after["samples"]]
+    atomic_write_text(out / "samples.md", "\n".join(samples) + "\n")
+    atomic_write_text(out / "report.md", "\n".join([
+        f"## Chapter 7: {args.algo} on {args.task}", "",
+        f"{args.steps} steps ({args.prompts} prompts x {args.k} samples) in {seconds / 60:.1f} min on {device}; "
+        f"reward: {args.reward}; β = {args.beta}. Held-out {name} **{before['gold']:.3f} → {after['gold']:.3f}** at a KL "
+        f"of {kl:.3f} nats per sequence.", "", f"![curves]({out.name}/curves.png)", "", "\n".join(samples), ""]))
+    write_summary(out, {k: v for k, v in result.items() if k != "config"}, args.quick)
+    return result
+
+
+if __name__ == "__main__":
+    cli.run(main)
