@@ -33,15 +33,26 @@ import torch
 from tqdm import tqdm
 
 from llm_from_scratch import tinyworld
-from llm_from_scratch.checkpoint import (append_metrics, atomic_write_text, load_train_state, prerequisite, quick_mode,
-                                         read_jsonl, require_real, runs_root, save_train_state, shown, start_run,
-                                         write_summary)
+from llm_from_scratch.checkpoint import (
+    append_metrics,
+    atomic_write_text,
+    load_train_state,
+    prerequisite,
+    quick_mode,
+    read_jsonl,
+    require_real,
+    runs_root,
+    save_train_state,
+    shown,
+    start_run,
+    write_summary,
+)
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device, seed_everything
+from llm_from_scratch.model import eval_mode
 from llm_from_scratch.plots import save
 from llm_from_scratch.policy_gradient import ALGOS, MovingAverageBaseline, PGConfig, pg_update, rollout
-from llm_from_scratch.model import eval_mode
-from llm_from_scratch.reward_model import RewardModel, score_rows, score_texts
+from llm_from_scratch.reward_model import RewardModel, score_rows
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 from llm_from_scratch.train import load_gpt, save_gpt
@@ -92,14 +103,14 @@ def parse_args(argv=None):
     return args
 
 
-def evaluate(policy, tok, examples: list[dict], task: str, rm=None) -> dict:
-    """Greedy answers to held-out prompts: the gold reward's mean (accuracy for word problems), and the
-    reward model's mean score for stories."""
+def evaluate(policy, tok, examples: list[dict], proxy_fn=None) -> dict:
+    """Greedy answers to held-out prompts: the gold reward's mean (accuracy for word problems), the share that
+    ended with EOS, and the trained reward's mean when it is not gold (the reward model, for stories)."""
     answers = answer(policy, tok, [e["prompt"] for e in examples])
     gold = [tinyworld.gold_reward(e, text) for e, (text, _) in zip(examples, answers)]
     result = {"gold": sum(gold) / len(gold), "n": len(gold), "ended": sum(e for _, e in answers) / len(answers)}
-    if rm is not None:
-        result["proxy"] = score_texts(rm, tok, [e["prompt"] for e in examples], [t for t, _ in answers]).mean().item()
+    if proxy_fn is not None:
+        result["proxy"] = float(torch.as_tensor(proxy_fn([e["prompt"] for e in examples], [t for t, _ in answers])).mean())
     result["samples"] = [{"prompt": e["prompt"], "response": t, "gold": g} for e, (t, _), g in zip(examples[:6], answers, gold)]
     return result
 
@@ -159,6 +170,7 @@ def main(argv=None) -> dict:
             return score_rows(rm, rows, tok.pad_id, chunk_rows=64).cpu()
 
     reward_fn = gold_fn if args.reward == "gold" else rm_fn
+    proxy_fn = None if args.reward == "gold" else rm_fn  # what held-out answers score on the trained reward
     cfg = PGConfig(algo=args.algo, k=args.k, beta=args.beta, kl_in=args.kl_in, inner_epochs=args.inner_epochs,
                    max_new_tokens=args.max_new_tokens)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -180,7 +192,7 @@ def main(argv=None) -> dict:
         print(f"resuming {shown(out)} at step {start}")
     start_run(out, fresh=() if start else ("metrics.jsonl",))
     if before is None:
-        before = evaluate(policy, tok, held_out, args.task, rm)
+        before = evaluate(policy, tok, held_out, proxy_fn)
         append_metrics(out / "metrics.jsonl", {"step": 0, "eval/gold": before["gold"], **(
             {"eval/proxy": before["proxy"]} if "proxy" in before else {})})
     print(f"before: held-out {'accuracy' if args.task == 'word-problems' else 'gold reward'} {before['gold']:.3f}")
@@ -191,15 +203,14 @@ def main(argv=None) -> dict:
     for step in bar:
         prompts = [train_prompts[(step * args.prompts + j) % len(train_prompts)]["prompt"] for j in range(args.prompts)]
         t0 = time.perf_counter()
-        ro = rollout(policy, reference, tok, prompts, args.k, reward_fn, gold_fn if args.task == "stories" or
-                     args.reward == "gold" else None, args.max_new_tokens, missing_eos_penalty=args.missing_eos_penalty,
-                     generator=generator)
+        ro = rollout(policy, reference, tok, prompts, args.k, reward_fn, gold_fn, args.max_new_tokens,  # gold: always logged
+                     missing_eos_penalty=args.missing_eos_penalty, generator=generator)
         t1 = time.perf_counter()
         metrics = pg_update(policy, optimizer, ro, cfg, baseline)
         t2 = time.perf_counter()
         record = {"step": step + 1, **metrics, "time/rollout_s": t1 - t0, "time/update_s": t2 - t1}
         if (step + 1) % args.eval_interval == 0 or step + 1 == args.steps:
-            result = evaluate(policy, tok, held_out, args.task, rm)
+            result = evaluate(policy, tok, held_out, proxy_fn)
             record["eval/gold"] = result["gold"]
             if "proxy" in result:
                 record["eval/proxy"] = result["proxy"]
@@ -210,18 +221,19 @@ def main(argv=None) -> dict:
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
     seconds = time.perf_counter() - t_start
 
-    after = evaluate(policy, tok, held_out, args.task, rm)
+    after = evaluate(policy, tok, held_out, proxy_fn)
     save_gpt(policy, out)
     tok.save(out)
     records = read_jsonl(out / "metrics.jsonl")
     curves(out, records, args.task)
     last = [r for r in records if "objective/kl" in r][-10:]
-    kl = sum(r["objective/kl"] for r in last) / max(1, len(last))
+    kl = sum(r["objective/kl"] for r in last) / max(1, len(last))  # k1: unbiased, can dip below 0 on a batch
+    kl3 = sum(r["objective/kl_k3"] for r in last) / max(1, len(last))  # k3: never below 0
     name = "accuracy" if args.task == "word-problems" else "gold reward"
     print(f"after {args.steps} steps ({seconds / 60:.1f} min): held-out {name} {before['gold']:.3f} -> {after['gold']:.3f} "
-          f"at KL {kl:.3f} nats per sequence (mean of the last 10 steps)")
+          f"at KL {kl:.3f} (k1) / {kl3:.3f} (k3) nats per sequence (mean of the last 10 steps)")
     result = {"algo": args.algo, "task": args.task, "reward": args.reward, "before": {k: v for k, v in before.items() if k != "samples"},
-              "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "steps": args.steps,
+              "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": args.steps,
               "seconds": seconds, "seed": args.seed, "config": vars(cfg), "lr": args.lr, "prompts": args.prompts,
               "device": str(device)}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
@@ -229,11 +241,11 @@ def main(argv=None) -> dict:
     samples = ["| prompt | response after RL | gold |", "|---|---|---:|"]
     samples += [f"| {cell(s['prompt'])[:200]} | {cell(s['response'])[:200]} | {s['gold']:.2f} |" for s in after["samples"]]
     atomic_write_text(out / "samples.md", "\n".join(samples) + "\n")
-    atomic_write_text(out / "report.md", "\n".join([
-        f"## Chapter 7: {args.algo} on {args.task}", "",
-        f"{args.steps} steps ({args.prompts} prompts x {args.k} samples) in {seconds / 60:.1f} min on {device}; "
-        f"reward: {args.reward}; β = {args.beta}. Held-out {name} **{before['gold']:.3f} → {after['gold']:.3f}** at a KL "
-        f"of {kl:.3f} nats per sequence.", "", f"![curves]({out.name}/curves.png)", "", "\n".join(samples), ""]))
+    headline = (f"{args.steps} steps ({args.prompts} prompts x {args.k} samples) in {seconds / 60:.1f} min on {device}; "
+                f"reward: {args.reward}; β = {args.beta}. Held-out {name} **{before['gold']:.3f} → {after['gold']:.3f}** "
+                f"at a KL of {kl:.3f} nats per sequence.")
+    atomic_write_text(out / "report.md", "\n".join([f"## Chapter 7: {args.algo} on {args.task}", "", headline, "",
+                                                    f"![curves]({out.name}/curves.png)", "", "\n".join(samples), ""]))
     write_summary(out, {k: v for k, v in result.items() if k != "config"}, args.quick)
     return result
 
