@@ -36,6 +36,7 @@ from llm_from_scratch import tinyworld
 from llm_from_scratch.checkpoint import (
     append_metrics,
     atomic_write_text,
+    load_state,
     load_train_state,
     prerequisite,
     quick_mode,
@@ -185,7 +186,7 @@ def main(argv=None) -> dict:
     start, before = 0, None
     if state_file.is_file():
         state = load_train_state(state_file)
-        policy.load_state_dict(load_gpt(out / "last", device=device, vocab_size=tok.vocab_size).state_dict())
+        load_state(policy, out / "last" / "model.safetensors")
         optimizer.load_state_dict(state["optimizer"])
         start, baseline.value, before = state["step"], state["baseline"], json.loads(state["before"])
         torch.set_rng_state(state["rng"])
@@ -203,7 +204,8 @@ def main(argv=None) -> dict:
     for step in bar:
         prompts = [train_prompts[(step * args.prompts + j) % len(train_prompts)]["prompt"] for j in range(args.prompts)]
         t0 = time.perf_counter()
-        ro = rollout(policy, reference, tok, prompts, args.k, reward_fn, gold_fn, args.max_new_tokens,  # gold: always logged
+        ro = rollout(policy, reference, tok, prompts, args.k, reward_fn,  # gold is always logged; when it is the reward,
+                     None if args.reward == "gold" else gold_fn, args.max_new_tokens,  # the rollout copies it
                      missing_eos_penalty=args.missing_eos_penalty, generator=generator)
         t1 = time.perf_counter()
         metrics = pg_update(policy, optimizer, ro, cfg, baseline)
