@@ -1,6 +1,6 @@
 """Chapter 7: policy gradients (REINFORCE, RLOO, GRPO, Dr. GRPO) on the SFT model.
 
-Each step samples --k completions for each of --prompts prompts with the policy (dropout off, temperature 1),
+Each step samples --k completions for each of --prompts prompts with the policy (dropout off, --temperature 0.7),
 scores them, and takes a policy-gradient step (llm_from_scratch/policy_gradient.py). The SFT model is both
 the starting policy and the frozen reference of the KL penalty.
 
@@ -10,7 +10,8 @@ the starting policy and the frozen reference of the KL penalty.
                          the gold story reward, which the policy never sees, is logged beside it.
 
 Writes runs/pg_<task>_<algo>/: the policy (model.safetensors, config.json, the tokenizer), metrics.jsonl
-(reward, gold/reward, proxy/reward, objective/kl and kl_k3, objective/entropy, completions/*, time per phase),
+(reward, gold/reward, proxy/reward, objective/kl and kl_k3, objective/entropy, completions/*, and the
+step time split into generate, reference, reward (scoring) and update),
 eval.json, samples.md, curves.png, report.md and summary.json. An interrupted run resumes from its last
 evaluation (--no-resume starts over).
 
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -34,8 +37,10 @@ from tqdm import tqdm
 
 from llm_from_scratch import tinyworld
 from llm_from_scratch.checkpoint import (
+    PrerequisiteError,
     append_metrics,
     atomic_write_text,
+    finished_run,
     load_state,
     load_train_state,
     prerequisite,
@@ -52,7 +57,7 @@ from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.model import eval_mode
 from llm_from_scratch.plots import save
-from llm_from_scratch.policy_gradient import ALGOS, MovingAverageBaseline, PGConfig, pg_update, rollout
+from llm_from_scratch.policy_gradient import ALGOS, MovingAverageBaseline, PGConfig, pass_at_k, pg_update, rollout
 from llm_from_scratch.reward_model import RewardModel, score_rows
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
@@ -78,13 +83,22 @@ def parse_args(argv=None):
                     help="where the KL goes: 'reward' (−β·Σ k1 per sequence) or 'loss' (β·k3 per token); "
                          "default: loss for GRPO and Dr. GRPO, reward otherwise")
     ap.add_argument("--inner-epochs", type=int, help="updates per rollout batch (default: 2 for GRPO, 1 otherwise)")
+    ap.add_argument("--temperature", type=float, default=0.7,
+                    help="sampling temperature of the rollouts; log-probs and the KL use the same (default 0.7)")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="completion length limit (default 128)")
     ap.add_argument("--missing-eos-penalty", type=float, default=0.0,
                     help="subtracted from the reward of a completion cut off without EOS (default 0)")
-    ap.add_argument("--eval-interval", type=int, default=25, help="steps between held-out evaluations (default 25)")
+    ap.add_argument("--eval-interval", type=int, default=20, help="steps between held-out evaluations (default 20)")
     ap.add_argument("--eval-examples", type=int, default=1000,
                     help="held-out examples of the task to score (default 1000: all there are)")
+    ap.add_argument("--pass-at-k", type=int, default=16, metavar="N",
+                    help="word problems: before training, draw N samples per held-out problem from the SFT model (at "
+                         "--temperature) for its pass@1..N, the ceiling that reweighting its own samples can approach "
+                         "(default 16; 0 skips it)")
     ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
+    ap.add_argument("--seeds", type=int, default=0, metavar="N",
+                    help="run seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, into "
+                         "runs/pg_<task>_<algo>_seeds/, and print the spread")
     cli.add_common_args(ap, "pg_<task>_<algo>")
     cli.add_prerequisite_arg(ap)
     args = ap.parse_args(argv)
@@ -93,6 +107,12 @@ def parse_args(argv=None):
     grpo = args.algo in ("grpo", "dr-grpo")
     args.kl_in = args.kl_in or ("loss" if grpo else "reward")
     args.inner_epochs = args.inner_epochs or (2 if grpo else 1)
+    if args.seeds < 0:
+        ap.error("--seeds must be ≥ 0")
+    if args.seeds and args.init:
+        ap.error("--seeds starts seed k from runs/sft_seeds/seed<k> (chapter 5's sweep); leave out --init")
+    if args.temperature <= 0:
+        ap.error("--temperature must be > 0 (RL needs samples; greedy answers are for evaluation)")
     for flag in ("steps", "prompts", "k", "max_new_tokens", "eval_interval", "inner_epochs"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be ≥ 1")
@@ -100,7 +120,7 @@ def parse_args(argv=None):
         ap.error(f"--algo {args.algo} compares samples of one prompt: --k must be ≥ 2")
     if args.quick:
         args.steps, args.prompts, args.k, args.max_new_tokens = 4, 2, 4, 24
-        args.eval_interval, args.eval_examples = 2, 8
+        args.eval_interval, args.eval_examples, args.pass_at_k = 2, 8, min(args.pass_at_k, 2)
     return args
 
 
@@ -116,7 +136,25 @@ def evaluate(policy, tok, examples: list[dict], proxy_fn=None) -> dict:
     return result
 
 
-def curves(out: Path, records: list[dict], task: str) -> None:
+def sampled_pass_at_k(policy, tok, examples: list[dict], n: int, temperature: float, seed: int) -> dict[int, float]:
+    """pass@k for k = 1, 2, 4, .. n: n sampled answers to each held-out problem, each k scored without bias."""
+    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
+    answers = answer(policy, tok, [e["prompt"] for e in examples for _ in range(n)], temperature=temperature,
+                     generator=generator)
+    right = [sum(tinyworld.gold_reward(e, answers[i * n + j][0]) for j in range(n)) for i, e in enumerate(examples)]
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n]
+    return {k: sum(pass_at_k(n, int(c), k) for c in right) / len(examples) for k in ks}
+
+
+def story_parts(specs: list[dict], completions: list[str]) -> dict[str, float]:
+    """The share of stories that miss the asked name, and that miss the asked colored object: the two parts of the
+    gold reward that chapter 6's reward model could not see."""
+    parts = [tinyworld.story_reward_parts(s, c) for s, c in zip(specs, completions)]
+    return {"gold/wrong_name": sum(p["name"] == 0 for p in parts) / len(parts),
+            "gold/wrong_object": sum(p["object"] < 1 for p in parts) / len(parts)}
+
+
+def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = None) -> None:
     steps = [r["step"] for r in records if "reward" in r]
     evals = [r for r in records if "eval/gold" in r]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
@@ -125,6 +163,10 @@ def curves(out: Path, records: list[dict], task: str) -> None:
         a1.plot(steps, [r["gold/reward"] for r in records if "reward" in r], alpha=0.6, label="sampled: gold reward")
     a1.plot([r["step"] for r in evals], [r["eval/gold"] for r in evals], marker="o",
             label="held out, greedy: " + ("accuracy" if task == "word-problems" else "gold reward"))
+    for k, value in (ceiling or {}).items():  # the SFT model's pass@k: what reweighting its samples can reach
+        if int(k) in (1, 4, 16):
+            a1.axhline(value, ls=":", color="grey")
+            a1.annotate(f"SFT pass@{k}", (steps[0] if steps else 0, value), fontsize=7, color="grey", va="bottom")
     a1.set(xlabel="step", ylabel="reward")
     a2.plot(steps, [r["objective/kl"] for r in records if "reward" in r], label="KL (k1, per sequence)")
     a2.plot(steps, [r["objective/kl_k3"] for r in records if "reward" in r], label="KL (k3, per sequence)")
@@ -135,14 +177,9 @@ def curves(out: Path, records: list[dict], task: str) -> None:
     save(fig, out / "curves.png")
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    root = runs_root(args.quick)
-    out = args.out or root / f"pg_{args.task}_{args.algo}"
-    device = pick_device(args.device)
-    seed_everything(args.seed)
-    init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
-    require_real(init, args.quick)
+def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
+    """One policy-gradient run from the SFT model in `init` into `out`; returns what eval.json holds."""
+    seed_everything(seed)
     tok = Tokenizer.load(init)
     policy = load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
     reference = load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
@@ -173,7 +210,7 @@ def main(argv=None) -> dict:
     reward_fn = gold_fn if args.reward == "gold" else rm_fn
     proxy_fn = None if args.reward == "gold" else rm_fn  # what held-out answers score on the trained reward
     cfg = PGConfig(algo=args.algo, k=args.k, beta=args.beta, kl_in=args.kl_in, inner_epochs=args.inner_epochs,
-                   max_new_tokens=args.max_new_tokens)
+                   max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     baseline = MovingAverageBaseline()
     print(f"{args.algo} on {args.task} ({len(train_prompts):,} training prompts, {len(held_out)} held out), reward: "
@@ -194,11 +231,16 @@ def main(argv=None) -> dict:
     start_run(out, fresh=() if start else ("metrics.jsonl",))
     if before is None:
         before = evaluate(policy, tok, held_out, proxy_fn)
+        if args.task == "word-problems" and args.pass_at_k:
+            t0 = time.perf_counter()
+            before["pass_at_k"] = sampled_pass_at_k(policy, tok, held_out, args.pass_at_k, args.temperature, seed)
+            print(f"SFT model, {args.pass_at_k} samples per held-out problem at T = {args.temperature} "
+                  f"({time.perf_counter() - t0:.0f} s): " + ", ".join(f"pass@{k} {v:.3f}" for k, v in before["pass_at_k"].items()))
         append_metrics(out / "metrics.jsonl", {"step": 0, "eval/gold": before["gold"], **(
             {"eval/proxy": before["proxy"]} if "proxy" in before else {})})
     print(f"before: held-out {'accuracy' if args.task == 'word-problems' else 'gold reward'} {before['gold']:.3f}")
 
-    generator = torch.Generator(device=device).manual_seed(args.seed + start)
+    generator = torch.Generator(device=device).manual_seed(seed + start)
     t_start = time.perf_counter()
     bar = tqdm(range(start, args.steps), desc=args.algo, unit="step", disable=args.quiet, dynamic_ncols=True)
     for step in bar:
@@ -206,11 +248,14 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         ro = rollout(policy, reference, tok, prompts, args.k, reward_fn,  # gold is always logged; when it is the reward,
                      None if args.reward == "gold" else gold_fn, args.max_new_tokens,  # the rollout copies it
-                     missing_eos_penalty=args.missing_eos_penalty, generator=generator)
+                     args.temperature, args.missing_eos_penalty, generator)
         t1 = time.perf_counter()
         metrics = pg_update(policy, optimizer, ro, cfg, baseline)
         t2 = time.perf_counter()
-        record = {"step": step + 1, **metrics, "time/rollout_s": t1 - t0, "time/update_s": t2 - t1}
+        if args.task == "stories":
+            metrics.update(story_parts([by_prompt[p]["spec"] for p in ro.prompts], ro.completions))
+        record = {"step": step + 1, **metrics, **{f"time/{k}_s": v for k, v in ro.seconds.items()},
+                  "time/rollout_s": t1 - t0, "time/update_s": t2 - t1}
         if (step + 1) % args.eval_interval == 0 or step + 1 == args.steps:
             result = evaluate(policy, tok, held_out, proxy_fn)
             record["eval/gold"] = result["gold"]
@@ -227,7 +272,7 @@ def main(argv=None) -> dict:
     save_gpt(policy, out)
     tok.save(out)
     records = read_jsonl(out / "metrics.jsonl")
-    curves(out, records, args.task)
+    curves(out, records, args.task, before.get("pass_at_k"))
     last = [r for r in records if "objective/kl" in r][-10:]
     kl = sum(r["objective/kl"] for r in last) / max(1, len(last))  # k1: unbiased, can dip below 0 on a batch
     kl3 = sum(r["objective/kl_k3"] for r in last) / max(1, len(last))  # k3: never below 0
@@ -236,7 +281,7 @@ def main(argv=None) -> dict:
           f"at KL {kl:.3f} (k1) / {kl3:.3f} (k3) nats per sequence (mean of the last 10 steps)")
     result = {"algo": args.algo, "task": args.task, "reward": args.reward, "before": {k: v for k, v in before.items() if k != "samples"},
               "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": args.steps,
-              "seconds": seconds, "seed": args.seed, "config": vars(cfg), "lr": args.lr, "prompts": args.prompts,
+              "seconds": seconds, "seed": seed, "init": str(init), "config": vars(cfg), "lr": args.lr, "prompts": args.prompts,
               "device": str(device)}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
     cell = lambda s: s.replace("\n", " ").replace("|", "/")  # noqa: E731
@@ -250,6 +295,65 @@ def main(argv=None) -> dict:
                                                     f"![curves]({out.name}/curves.png)", "", "\n".join(samples), ""]))
     write_summary(out, {k: v for k, v in result.items() if k != "config"}, args.quick)
     return result
+
+
+def finished_seed(args, out: Path, seed: int) -> dict | None:
+    """The result of a finished run of this very configuration in `out` (a sweep picks up where it stopped), else None."""
+    if args.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
+        return None
+    result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    same = {"steps": args.steps, "seed": seed, "lr": args.lr, "prompts": args.prompts, "algo": args.algo}
+    same_cfg = {"k": args.k, "beta": args.beta, "temperature": args.temperature, "inner_epochs": args.inner_epochs}
+    if any(result.get(k) != v for k, v in same.items()) or any(result["config"].get(k) != v for k, v in same_cfg.items()):
+        return None
+    print(f"seed {seed}: keeping the finished run in {shown(out)}")
+    return result
+
+
+def spread_table(results: list[dict], name: str) -> tuple[str, dict]:
+    """min / median / max over the seeds: the held-out score before and after, the gain, the KL, the minutes."""
+    rows = {"before": [r["before"]["gold"] for r in results], "after": [r["after"]["gold"] for r in results]}
+    rows["gain"] = [a - b for a, b in zip(rows["after"], rows["before"])]
+    rows["kl"] = [r["kl"] for r in results]
+    rows["minutes"] = [r["seconds"] / 60 for r in results]
+    spread = {k: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v} for k, v in rows.items()}
+    label = {"before": f"held-out {name}, SFT", "after": f"held-out {name}, after RL", "gain": "gain",
+             "kl": "KL (k1, nats/sequence)", "minutes": "training minutes"}
+    fmt = {"kl": "{:.3f}", "minutes": "{:.1f}"}
+    lines = ["| | min | median | max | seeds 0.. |", "|---|---:|---:|---:|---|"]
+    for k, v in spread.items():
+        f = fmt.get(k, "{:+.1%}" if k == "gain" else "{:.1%}")
+        lines.append(f"| {label[k]} | {f.format(v['min'])} | {f.format(v['median'])} | {f.format(v['max'])} | "
+                     f"{', '.join(f.format(x) for x in v['runs'])} |")
+    return "\n".join(lines), spread
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    root = runs_root(args.quick)
+    device = pick_device(args.device)
+    if not args.seeds:
+        init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
+        return pg_run(args, args.out or root / f"pg_{args.task}_{args.algo}", args.seed, init, device)
+
+    sft_sweep = root / "sft_seeds"  # chapter 5's seed sweep: seed k of RL starts from seed k of SFT
+    missing = [k for k in range(args.seeds) if not finished_run(sft_sweep / f"seed{k}")]
+    if missing:
+        raise PrerequisiteError(f"--seeds {args.seeds} starts seed k from {shown(sft_sweep)}/seed<k>, and seeds {missing} "
+                                f"are not there: run `python chapters/ch05_sft.py --seeds {args.seeds}` first")
+    sweep_dir = args.out or root / f"pg_{args.task}_{args.algo}_seeds"
+    results = []
+    for k in range(args.seeds):
+        out = sweep_dir / f"seed{k}"
+        results.append(finished_seed(args, out, k) or pg_run(args, out, k, sft_sweep / f"seed{k}", device))
+    name = "accuracy" if args.task == "word-problems" else "gold reward"
+    text, spread = spread_table(results, name)
+    print(f"\n{args.seeds} seeds of {args.algo} on {args.task}, each from the SFT model of the same seed:\n{text}")
+    command = f"python chapters/ch07_policy_gradient.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    atomic_write_text(sweep_dir / "sweep.md", f"`{command.strip()}`\n\n{text}\n")
+    summary = {"seeds": list(range(args.seeds)), "spread": spread, "algo": args.algo, "task": args.task}
+    write_summary(sweep_dir, summary, args.quick)
+    return summary
 
 
 if __name__ == "__main__":

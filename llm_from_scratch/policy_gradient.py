@@ -37,7 +37,9 @@ batch into advantages and one (or, for GRPO, a few) optimizer steps, and returns
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+import math
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -161,6 +163,14 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     return loss, clipfrac.detach()
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of k samples is right, estimated without bias from n ≥ k samples of which c
+    were right (Chen et al., 2021): 1 − C(n−c, k) / C(n, k), the share of k-subsets that hold a right one."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 0 ≤ c ≤ n and 1 ≤ k ≤ n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
 # ----------------------------------------------------------------------------- rollouts and the update
 
 RewardFn = Callable[[list[str], list[str]], "torch.Tensor | list[float]"]  # (prompts, completions) -> (N,) scores
@@ -181,6 +191,7 @@ class Rollout:
     completions: list[str]  # (B,) each row's completion text, without its EOS
     k: int
     temperature: float
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase: generate, reference, reward
 
 
 @torch.no_grad()
@@ -193,11 +204,14 @@ def rollout(policy: GPT, reference: GPT, tok: Tokenizer, prompts: list[str], k: 
     if temperature <= 0:
         raise ValueError(f"rollout: RL samples need a temperature > 0, got {temperature}")
     rows = [encode_chat(tok, p)[0] for p in prompts for _ in range(k)]  # (B = len(prompts) * k) token lists
+    t0 = time.perf_counter()
     gen = generate(policy, rows, max_new_tokens, temperature=temperature, eos_id=tok.eos_id, pad_id=tok.pad_id,
                    generator=generator)
     mask = gen.completion_mask[:, 1:]  # (B, T-1): column t scores token t+1
+    t1 = time.perf_counter()
     with eval_mode(reference):
         ref_logp = sequence_logprobs(reference, gen.sequences, gen.attention_mask, temperature) * mask
+    t2 = time.perf_counter()
     tokens = gen.completions()
     ended = torch.tensor([bool(c) and c[-1] == tok.eos_id for c in tokens])
     texts = [tok.decode(c[:-1] if e else c) for c, e in zip(tokens, ended.tolist())]
@@ -206,8 +220,9 @@ def rollout(policy: GPT, reference: GPT, tok: Tokenizer, prompts: list[str], k: 
     gold = rewards.clone() if gold_fn is None else torch.as_tensor(gold_fn(row_prompts, texts), dtype=torch.float32).cpu()
     if missing_eos_penalty:
         rewards = rewards - missing_eos_penalty * (~ended).float()
+    seconds = {"generate": t1 - t0, "reference": t2 - t1, "reward": time.perf_counter() - t2}
     return Rollout(gen.sequences, gen.attention_mask, mask, ref_logp, rewards, gold, ended, row_prompts, texts, k,
-                   temperature)
+                   temperature, seconds)
 
 
 @dataclass

@@ -100,6 +100,16 @@ def test_top_k_and_top_p_never_sample_outside_their_set():
     assert seen.sum() > 4  # it does sample, not just argmax
 
 
+def test_sampling_draws_each_token_with_its_probability():
+    # the inverse-CDF sampler: frequencies over many draws match softmax(z / T); a token at -inf is never drawn
+    z = torch.tensor([[1.0, float("-inf"), 0.0, 2.0, -1.0]])
+    for temperature in (1.0, 0.5):
+        draws = sample_next(z.expand(40_000, -1), temperature=temperature, generator=torch.Generator().manual_seed(0))
+        freq = torch.bincount(draws, minlength=5).float() / draws.numel()
+        assert freq[1] == 0
+        assert torch.allclose(freq, torch.softmax(z[0] / temperature, dim=-1), atol=0.01)
+
+
 def test_temperature_zero_is_argmax():
     logits = torch.tensor([[0.1, 3.0, 2.9]])
     assert sample_next(logits, temperature=0).item() == 1

@@ -18,6 +18,7 @@ from llm_from_scratch.policy_gradient import (
     kl_k3,
     masked_mean,
     masked_whiten,
+    pass_at_k,
     pg_update,
     policy_gradient_loss,
     rloo_advantages,
@@ -221,3 +222,13 @@ def test_rloo_steps_move_a_tiny_gpt_toward_the_rewarded_answer(tok):
                      reward_fn=lambda p, c: [float(x.startswith(" ")) for x in c])
         pg_update(policy, opt, ro, cfg)
     assert 0.05 < before < 0.8 and p_rewarded() > before + 0.15
+
+
+def test_pass_at_k_by_hand():
+    # 4 samples, 1 right: pass@1 = 1/4; pass@2 = 1 - C(3,2)/C(4,2) = 1 - 3/6; all right or none right
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_at_k(4, 1, 4) == 1.0 and pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(16, 3, 1) == pytest.approx(3 / 16)  # pass@1 is the share of right samples
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
