@@ -11,9 +11,13 @@ the starting policy and the frozen reference of the KL penalty.
 
 Writes runs/pg_<task>_<algo>/: the policy (model.safetensors, config.json, the tokenizer), metrics.jsonl
 (reward, gold/reward, proxy/reward, objective/kl and kl_k3, objective/entropy, completions/*, and the
-step time split into generate, reference, reward (scoring) and update),
-eval.json, samples.md, curves.png, report.md and summary.json. An interrupted run resumes from its last
-evaluation (--no-resume starts over).
+step time split into generate, reference, reward (scoring) and update; for stories the shares of samples
+without the asked name or object), rollout_samples.jsonl (at each evaluation, the samples the trained reward
+liked best), eval.json (with the SFT model's pass@k for word problems), samples.md, curves.png, report.md and
+summary.json. An interrupted run resumes from its last evaluation (--no-resume starts over).
+
+--seeds N runs seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, into runs/pg_<task>_<algo>_seeds/,
+and prints the spread (min / median / max) of the held-out score and of its gain.
 
     python chapters/ch07_policy_gradient.py                         # RLOO on word problems
     python chapters/ch07_policy_gradient.py --algo grpo
@@ -55,12 +59,11 @@ from llm_from_scratch.checkpoint import (
 )
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device, seed_everything
-from llm_from_scratch.model import eval_mode
 from llm_from_scratch.plots import save
 from llm_from_scratch.policy_gradient import ALGOS, MovingAverageBaseline, PGConfig, pass_at_k, pg_update, rollout
-from llm_from_scratch.reward_model import RewardModel, score_rows
+from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.sft import answer
-from llm_from_scratch.tokenizer import Tokenizer, encode_chat
+from llm_from_scratch.tokenizer import Tokenizer
 from llm_from_scratch.train import load_gpt, save_gpt
 
 TASKS = {"word-problems": ("verifiable", "word_problem"), "stories": ("stories", "story")}
@@ -154,10 +157,24 @@ def story_parts(specs: list[dict], completions: list[str]) -> dict[str, float]:
             "gold/wrong_object": sum(p["object"] < 1 for p in parts) / len(parts)}
 
 
+def top_samples(ro, step: int, by_prompt: dict, task: str, n: int = 2) -> list[dict]:
+    """The n samples of a rollout that the trained reward liked best, with their gold reward (and, for stories,
+    whether they kept the asked name and object): where a policy exploits its reward, these show how."""
+    best = torch.argsort(ro.rewards, descending=True)[:n].tolist()
+    rows = [{"step": step, "prompt": ro.prompts[i], "completion": ro.completions[i], "proxy": ro.rewards[i].item(),
+             "gold": ro.gold[i].item()} for i in best]
+    if task == "stories":
+        for r in rows:
+            parts = tinyworld.story_reward_parts(by_prompt[r["prompt"]]["spec"], r["completion"])
+            r["name_ok"], r["object_ok"] = parts["name"] == 1, parts["object"] == 1
+    return rows
+
+
 def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = None) -> None:
     steps = [r["step"] for r in records if "reward" in r]
     evals = [r for r in records if "eval/gold" in r]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, axes = plt.subplots(1, 3 if task == "stories" else 2, figsize=(15 if task == "stories" else 10, 3.5))
+    a1, a2 = axes[:2]
     a1.plot(steps, [r["proxy/reward"] for r in records if "reward" in r], alpha=0.6, label="sampled: trained reward")
     if task == "stories":
         a1.plot(steps, [r["gold/reward"] for r in records if "reward" in r], alpha=0.6, label="sampled: gold reward")
@@ -171,7 +188,11 @@ def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = Non
     a2.plot(steps, [r["objective/kl"] for r in records if "reward" in r], label="KL (k1, per sequence)")
     a2.plot(steps, [r["objective/kl_k3"] for r in records if "reward" in r], label="KL (k3, per sequence)")
     a2.set(xlabel="step", ylabel="nats")
-    for a in (a1, a2):
+    if task == "stories":  # the two parts of the gold reward that the reward model cannot see
+        for key, label in (("gold/wrong_name", "without the asked name"), ("gold/wrong_object", "without the asked object")):
+            axes[2].plot(steps, [r[key] for r in records if "reward" in r], alpha=0.7, label=label)
+        axes[2].set(xlabel="step", ylabel="share of sampled stories")
+    for a in axes:
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
     save(fig, out / "curves.png")
@@ -199,15 +220,8 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
     def gold_fn(prompts, completions):
         return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
 
-    def rm_fn(prompts, completions):
-        # the completions are the policy's own tokens, special ones included: encode them back as they were sampled
-        # (encode_chat would refuse a completion that wrote "<|assistant|>"), close each with EOS as in training
-        rows = [encode_chat(tok, p)[0] + tok.encode(c, allowed_special="all") + [tok.eos_id]
-                for p, c in zip(prompts, completions)]
-        with eval_mode(rm):
-            return score_rows(rm, rows, tok.pad_id, chunk_rows=64).cpu()
-
-    reward_fn = gold_fn if args.reward == "gold" else rm_fn
+    rm_fn = reward_fn(rm, tok) if rm is not None else None
+    train_fn = gold_fn if args.reward == "gold" else rm_fn
     proxy_fn = None if args.reward == "gold" else rm_fn  # what held-out answers score on the trained reward
     cfg = PGConfig(algo=args.algo, k=args.k, beta=args.beta, kl_in=args.kl_in, inner_epochs=args.inner_epochs,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature)
@@ -228,7 +242,7 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
         start, baseline.value, before = state["step"], state["baseline"], json.loads(state["before"])
         torch.set_rng_state(state["rng"])
         print(f"resuming {shown(out)} at step {start}")
-    start_run(out, fresh=() if start else ("metrics.jsonl",))
+    start_run(out, fresh=() if start else ("metrics.jsonl", "rollout_samples.jsonl"))
     if before is None:
         before = evaluate(policy, tok, held_out, proxy_fn)
         if args.task == "word-problems" and args.pass_at_k:
@@ -246,7 +260,7 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
     for step in bar:
         prompts = [train_prompts[(step * args.prompts + j) % len(train_prompts)]["prompt"] for j in range(args.prompts)]
         t0 = time.perf_counter()
-        ro = rollout(policy, reference, tok, prompts, args.k, reward_fn,  # gold is always logged; when it is the reward,
+        ro = rollout(policy, reference, tok, prompts, args.k, train_fn,  # gold is always logged; when it is the reward,
                      None if args.reward == "gold" else gold_fn, args.max_new_tokens,  # the rollout copies it
                      args.temperature, args.missing_eos_penalty, generator)
         t1 = time.perf_counter()
@@ -261,6 +275,8 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
             record["eval/gold"] = result["gold"]
             if "proxy" in result:
                 record["eval/proxy"] = result["proxy"]
+            for row in top_samples(ro, step + 1, by_prompt, args.task):
+                append_metrics(out / "rollout_samples.jsonl", row)
             save_gpt(policy, out / "last")
             save_train_state(state_file, {"step": step + 1, "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
                                           "baseline": baseline.value, "before": json.dumps(before)})
@@ -319,12 +335,11 @@ def spread_table(results: list[dict], name: str) -> tuple[str, dict]:
     spread = {k: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v} for k, v in rows.items()}
     label = {"before": f"held-out {name}, SFT", "after": f"held-out {name}, after RL", "gain": "gain",
              "kl": "KL (k1, nats/sequence)", "minutes": "training minutes"}
-    fmt = {"kl": "{:.3f}", "minutes": "{:.1f}"}
+    fmt = {"kl": "{:.3f}".format, "minutes": "{:.1f}".format, "gain": lambda x: f"{100 * x:+.1f} pts"}
     lines = ["| | min | median | max | seeds 0.. |", "|---|---:|---:|---:|---|"]
     for k, v in spread.items():
-        f = fmt.get(k, "{:+.1%}" if k == "gain" else "{:.1%}")
-        lines.append(f"| {label[k]} | {f.format(v['min'])} | {f.format(v['median'])} | {f.format(v['max'])} | "
-                     f"{', '.join(f.format(x) for x in v['runs'])} |")
+        f = fmt.get(k, "{:.1%}".format)
+        lines.append(f"| {label[k]} | {f(v['min'])} | {f(v['median'])} | {f(v['max'])} | {', '.join(map(f, v['runs']))} |")
     return "\n".join(lines), spread
 
 

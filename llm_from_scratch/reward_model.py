@@ -157,6 +157,20 @@ def score_texts(rm: RewardModel, tok: Tokenizer, prompts: list[str], responses: 
         return score_rows(rm, [encode_chat(tok, p, y)[0] for p, y in zip(prompts, responses)], tok.pad_id, chunk_rows).cpu()
 
 
+def reward_fn(rm: RewardModel, tok: Tokenizer, chunk_rows: int = 64):
+    """The reward model as an RL reward callable: (prompts, completions) -> (N,) rewards, no gradients.
+
+    Completions are a policy's own samples, special tokens and all: each is encoded back as it was sampled
+    (encode_chat would refuse a completion that wrote "<|assistant|>") and closed with EOS, as in training."""
+    @torch.no_grad()
+    def score(prompts: list[str], completions: list[str]) -> torch.Tensor:
+        rows = [encode_chat(tok, p)[0] + tok.encode(c, allowed_special="all") + [tok.eos_id]
+                for p, c in zip(prompts, completions)]
+        with eval_mode(rm):
+            return score_rows(rm, rows, tok.pad_id, chunk_rows).cpu()
+    return score
+
+
 # ----------------------------------------------------------------------------- training
 
 

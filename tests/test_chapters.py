@@ -68,7 +68,10 @@ def test_policy_gradient_on_stories_and_resume(quick_env):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["quick"] is True and summary["reward"] == "rm" and summary["algo"] == "grpo"
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {"gold/reward", "proxy/reward", "objective/kl", "objective/kl_k3", "policy/clipfrac"} <= set(records[-1])
+    assert {"gold/reward", "proxy/reward", "objective/kl", "objective/kl_k3", "policy/clipfrac", "gold/wrong_name",
+            "gold/wrong_object", "time/generate_s", "time/reference_s", "time/reward_s", "time/update_s"} <= set(records[-1])
+    samples = [json.loads(line) for line in (out / "rollout_samples.jsonl").read_text().splitlines()]
+    assert samples and {"proxy", "gold", "name_ok", "object_ok"} <= set(samples[0])
 
     (out / "summary.json").unlink()  # as if stopped after its last checkpoint
     again = subprocess.run([sys.executable, script, "--quick", "--quiet", "--task", "stories", "--algo", "grpo"],
@@ -97,6 +100,18 @@ def test_seed_sweep_prints_the_spread(quick_env):
     assert again.stdout.count("keeping the finished run") == 2 and "trained in" not in again.stdout
     assert json.loads((sweep / "summary.json").read_text())["spread"] == summary["spread"]
 
+    # chapter 7's sweep starts seed k from chapter 5's seed k
+    pg = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch07_policy_gradient.py"), "--quick", "--quiet", "--seeds", "2"],
+                        capture_output=True, text=True, env=quick_env, timeout=1200)
+    assert pg.returncode == 0, pg.stdout[-3000:] + pg.stderr[-3000:]
+    pg_sweep = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick" / "pg_word-problems_rloo_seeds"
+    spread = json.loads((pg_sweep / "summary.json").read_text())["spread"]
+    for k in (0, 1):
+        result = json.loads((pg_sweep / f"seed{k}" / "eval.json").read_text())
+        assert Path(result["init"]) == sweep / f"seed{k}" and result["seed"] == k
+        assert spread["after"]["runs"][k] == result["after"]["gold"]
+        assert spread["gain"]["runs"][k] == pytest.approx(result["after"]["gold"] - result["before"]["gold"])
+
 
 @pytest.mark.slow
 def test_quick_chapter_6_from_an_empty_runs_folder_writes_only_under_quick(tmp_path, quick_env):
@@ -113,6 +128,7 @@ def test_quick_chapter_6_from_an_empty_runs_folder_writes_only_under_quick(tmp_p
     (["ch05_sft.py", "--device", "tpu"], "error: unknown device 'tpu'"),
     (["ch04_pretrain.py", "--text", "no/such/file.txt"], "error: --text: no/such/file.txt does not exist"),
     (["ch06_reward_model.py", "--init", "no/such/run"], "error: Tokenizer.load: no/such/run/tokenizer.tiktoken does not exist"),
+    (["ch07_policy_gradient.py", "--seeds", "2"], "error: --seeds 2 starts seed k from"),
 ])
 def test_bad_input_is_one_line_with_exit_code_2(args, message, quick_env, tmp_path):
     env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path))

@@ -118,6 +118,21 @@ def test_score_texts_matches_scoring_each_text_alone():
         assert batched[i].item() == pytest.approx(alone.item(), abs=1e-5)
 
 
+def test_reward_fn_scores_sampled_completions_as_sampled():
+    from llm_from_scratch.reward_model import reward_fn, score_texts
+    from llm_from_scratch.tokenizer import Tokenizer
+
+    tok = Tokenizer.train("Mia found a red kite. The end. Add 2 and 3. 5 " * 20, 300)
+    torch.manual_seed(0)
+    model = RewardModel(GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=16))).eval()
+    score = reward_fn(model, tok)
+    prompts, completions = ["Add 2 and 3.", "Write a story."], ["5", "Mia found a red kite. The end."]
+    assert torch.allclose(score(prompts, completions), score_texts(model, tok, prompts, completions), atol=1e-5)
+    # a sample may write a special token's text; it is scored, not refused, and never gets gradients
+    odd = score(["Write a story."], ["Mia <|assistant|> kite"])
+    assert odd.shape == (1,) and not odd.requires_grad
+
+
 def test_length_sorted_chunks_give_the_rewards_and_gradients_of_one_padded_batch():
     from llm_from_scratch.reward_model import score_rows
 
