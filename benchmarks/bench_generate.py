@@ -9,8 +9,9 @@ A 4-layer, 4-head, 128-dim GPT (vocab 4,096, context 256), 128 new tokens, two k
     python benchmarks/bench_generate.py --against ../old      # this checkout vs another (a git worktree)
     python benchmarks/bench_generate.py --profile 32          # where one generation spends its time
 
---against alternates the two checkouts, one fresh process per measurement, for --rounds rounds, and keeps
-each side's fastest time: this machine's speed drifts, and alternating exposes both to the same drift.
+--against alternates the two checkouts, one fresh process per measurement, for --rounds rounds (each side
+going first in every other round), and keeps each side's fastest time: this machine's speed drifts, and
+alternating exposes both to the same drift.
 Make the other checkout with, e.g., `git worktree add ../old <commit>`.
 """
 
@@ -82,8 +83,9 @@ def against(args) -> None:
         for B in args.batches:
             best = {"before": float("inf"), "after": float("inf")}
             tokens = {}
-            for _ in range(args.rounds):
-                for side, root in (("before", other), ("after", HERE)):
+            for r in range(args.rounds):
+                sides = [("before", other), ("after", HERE)]
+                for side, root in sides if r % 2 == 0 else sides[::-1]:  # each side goes first in every other round
                     cmd = [sys.executable, __file__, "--worker", str(root), "--kind", kind, "--batches", str(B),
                            "--reps", str(args.reps), "--new-tokens", str(args.new_tokens),
                            "--prompt-tokens", str(args.prompt_tokens)]

@@ -151,9 +151,10 @@ def main() -> None:
     high = r > 0.5 if binary else r > r.median()
     by_reward = {"high": n2[high].mean().item() if high.any() else float("nan"),
                  "low": n2[~high].mean().item() if (~high).any() else float("nan")}
-    print(f"per-sample |∇ log π(y)|^2 over {len(norms)} samples: {by_reward['high']:.4g} for the "
-          f"{'right' if binary else 'better half'} ones, {by_reward['low']:.4g} for the "
-          f"{'wrong' if binary else 'worse half'} ones; the best constant baseline "
+    split = "" if not 0 < int(high.sum()) < len(r) else (
+        f"{by_reward['high']:.4g} for the {'right' if binary else 'better half'} ones, {by_reward['low']:.4g} for the "
+        f"{'wrong' if binary else 'worse half'} ones; ")
+    print(f"per-sample |∇ log π(y)|^2 over {len(norms)} samples: {split}the best constant baseline "
           f"E[R |g|^2] / E[|g|^2] = {best_b:.3f} (the mean reward is {r.mean().item():.3f})")
     name = args.task if args.reward == ("gold" if args.task == "word-problems" else "rm") else f"{args.task}_{args.reward}"
     out = runs_root(args.quick) / "bench_pg_variance" / f"{name}.json"
