@@ -123,3 +123,10 @@ def test_the_checks_catch_what_they_should():
 def test_committed_outputs_are_clean(path):
     found = problems(nbformat.read(path, as_version=4))
     assert not found, f"{path.name}:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_cell_has_an_id(path):
+    """nbformat 4.5 cells carry an id (a cell added by hand without one draws a warning, and later an error)."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    assert [i for i, c in enumerate(cells) if "id" not in c] == []
