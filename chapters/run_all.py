@@ -32,6 +32,7 @@ CHAPTERS = [
     ("ch05_sft.py", "sft"),
     ("ch06_reward_model.py", "reward_model"),
     ("ch07_policy_gradient.py", "pg_word-problems_rloo"),
+    ("ch08_ppo.py", "ppo_stories"),
 ]
 
 

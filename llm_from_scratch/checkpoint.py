@@ -241,6 +241,7 @@ STAGES = {  # run folder -> (the chapter script that makes it, how long its real
     "sft": ("ch05_sft.py", "about 6 minutes"),
     "reward_model": ("ch06_reward_model.py", "about 3 minutes"),
     "pg_word-problems_rloo": ("ch07_policy_gradient.py", "about 6 minutes"),
+    "ppo_stories": ("ch08_ppo.py", "about 7 minutes"),
 }
 RESUMABLE = ("pretrain", "sft")  # these continue an interrupted run in place: rebuilding one starts over
 

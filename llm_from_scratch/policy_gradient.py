@@ -153,10 +153,12 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
                         clip_eps: float = 0.2, how: str = "sequence",
                         constant: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped objective, per token (GRPO uses it over a few inner epochs of the same rollouts):
-    ρ = exp(log π − log π_old), loss_t = −min(ρ A, clip(ρ, 1−ε, 1+ε) A). Returns (loss, clipfrac): the share of
-    masked tokens where the clipped term was the smaller one (where the gradient was cut)."""
+    ρ = exp(log π − log π_old), loss_t = −min(ρ A, clip(ρ, 1−ε, 1+ε) A). Advantages are one per sequence (B,)
+    (GRPO) or one per token (B, T) (PPO, from GAE). Returns (loss, clipfrac): the share of masked tokens where
+    the clipped term was the smaller one (where the gradient was cut)."""
     ratio = torch.exp(logp - old_logp.detach())  # (B, T)
-    adv = advantages.detach().unsqueeze(1)  # (B, 1)
+    adv = advantages.detach()
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
     unclipped, clipped = ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
     loss = aggregate(-torch.minimum(unclipped, clipped), mask, how, constant)
     clipfrac = masked_mean((clipped < unclipped).float(), mask)
@@ -213,11 +215,12 @@ def rollout(policy: GPT, reference: GPT, tok: Tokenizer, prompts: list[str], k: 
         ref_logp = sequence_logprobs(reference, gen.sequences, gen.attention_mask, temperature) * mask
     t2 = time.perf_counter()
     tokens = gen.completions()
-    ended = torch.tensor([bool(c) and c[-1] == tok.eos_id for c in tokens])
+    device = gen.sequences.device  # rewards live where the log-probs do (a CPU reward meets CUDA KL terms)
+    ended = torch.tensor([bool(c) and c[-1] == tok.eos_id for c in tokens], device=device)
     texts = [tok.decode(c[:-1] if e else c) for c, e in zip(tokens, ended.tolist())]
     row_prompts = [p for p in prompts for _ in range(k)]
-    rewards = torch.as_tensor(reward_fn(row_prompts, texts), dtype=torch.float32).flatten().cpu()
-    gold = rewards.clone() if gold_fn is None else torch.as_tensor(gold_fn(row_prompts, texts), dtype=torch.float32).cpu()
+    rewards = torch.as_tensor(reward_fn(row_prompts, texts), dtype=torch.float32).flatten().to(device)
+    gold = rewards.clone() if gold_fn is None else torch.as_tensor(gold_fn(row_prompts, texts), dtype=torch.float32).to(device)
     if missing_eos_penalty:
         rewards = rewards - missing_eos_penalty * (~ended).float()
     seconds = {"generate": t1 - t0, "reference": t2 - t1, "reward": time.perf_counter() - t2}

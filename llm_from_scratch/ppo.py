@@ -17,15 +17,33 @@ The KL coefficient β is fixed, or adapted towards a target KL per completion (Z
 
     e = clip(KL / target − 1, −0.2, 0.2),    β ← β · (1 + e · n / horizon)      (n: samples since the last update)
 
+One PPO step (`ppo_step`) on a batch of rollouts (chapter 7's `rollout`): the sampling policy's log-probs and the
+critic's values, once, without gradients; the rewards above, GAE, advantages whitened over the completion tokens;
+then several epochs over shuffled minibatches, each an optimizer step on
+
+    loss = clipped policy loss (chapter 7's `clipped_policy_loss`, per-token advantages)
+         + vf_coef · clipped value loss − ent_coef · entropy
+
+The critic is a separate trunk initialised from the reward model (`RewardModel` read at every position), or a
+second head on the policy's own trunk (`PolicyValue`): logits and values from one forward pass, one trunk fewer.
+
 Tensors: per-token values (B, T) with a mask (B, T) that is 1 on completion tokens; a row's completion tokens
 are contiguous (left-padded prompt before, padding after its EOS), and padding never counts in a mean.
 """
 
 from __future__ import annotations
 
-import torch
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from llm_from_scratch.policy_gradient import masked_mean
+import torch
+import torch.nn as nn
+
+from llm_from_scratch.checkpoint import load_model, save_model
+from llm_from_scratch.generation import token_logprobs
+from llm_from_scratch.model import GPT, GPTConfig, eval_mode
+from llm_from_scratch.policy_gradient import Rollout, clipped_policy_loss, kl_k1, kl_k3, masked_mean, masked_sum, masked_whiten
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
@@ -40,7 +58,7 @@ def per_token_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: torch.
     the score on each completion's last real token; 0 off the mask."""
     rewards = -kl_coef * (logp - ref_logp) * mask.to(logp.dtype)  # (B, T)
     rows = torch.arange(mask.size(0), device=mask.device)
-    rewards[rows, last_token_index(mask)] += scores.to(rewards.dtype)
+    rewards[rows, last_token_index(mask)] += scores.to(rewards)
     return rewards
 
 
@@ -106,3 +124,150 @@ class AdaptiveKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         error = min(max(current_kl / self.target - 1, -0.2), 0.2)  # proportional error, clipped to ±0.2
         self.value *= 1 + error * n_steps / self.horizon
+
+
+# ----------------------------------------------------------------------------- the critic, and one PPO step
+
+class PolicyValue(nn.Module):
+    """The shared critic: the policy's GPT with a second head on its trunk. One forward pass gives the next-token
+    logits and a value for every position; the value loss's gradient reaches the trunk the policy also uses."""
+
+    def __init__(self, gpt: GPT):
+        super().__init__()
+        self.gpt = gpt
+        self.value_head = nn.Linear(gpt.config.n_embd, 1)
+        nn.init.zeros_(self.value_head.weight)  # V = 0 everywhere to start: no opinion, and no gradient into
+        nn.init.zeros_(self.value_head.bias)  # the trunk until the head has learned something
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids (B, T) -> logits (B, T, vocab) and values (B, T)."""
+        h = self.gpt.trunk(ids, attention_mask)  # (B, T, C)
+        return self.gpt.lm_head(h), self.value_head(h).squeeze(-1)
+
+    def save(self, folder: str | Path) -> Path:
+        return save_model(self, folder, "policy_value", asdict(self.gpt.config))
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str | torch.device = "cpu", vocab_size: int | None = None) -> PolicyValue:
+        return load_model(folder, "policy_value", lambda config: cls(GPT(GPTConfig(**{**config, "dropout": 0.0}))),
+                          device, vocab_size)
+
+
+def actor(policy: nn.Module) -> GPT:
+    """The GPT that samples: the policy itself, or the GPT inside a PolicyValue."""
+    return policy.gpt if isinstance(policy, PolicyValue) else policy
+
+
+def logprobs_and_values(policy: nn.Module, critic: nn.Module | None, ids: torch.Tensor, attention_mask: torch.Tensor,
+                        temperature: float, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows (B, T) -> (log-probs, values, entropies), each (B, T-1). Column t is about the action ids[:, t+1] taken
+    in the state ids[:, ≤t]: its log-prob at `temperature`, the critic's value of that state, and the entropy of
+    the policy's next-token distribution there. critic=None: the policy is a PolicyValue (the shared critic).
+    Mask the result with the rollout's completion mask."""
+    mask = None if bool(attention_mask.all()) else attention_mask  # None: the fast causal path
+    if critic is None:
+        logits, values = policy(ids, mask)  # (B, T, V), (B, T): one trunk
+    else:
+        logits, values = policy(ids, mask), critic(ids, attention_mask, per_token=True)  # two trunks
+    logits = logits[:, :-1].float() / temperature  # (B, T-1, V): the distribution each action was drawn from
+    logp = token_logprobs(logits, ids[:, 1:])  # (B, T-1)
+    z = logits if entropy_grad else logits.detach()  # the entropy is a diagnostic unless it is in the loss
+    entropy = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)  # (B, T-1): H = log Z − Σ p z
+    return logp, values[:, :-1], entropy
+
+
+def make_optimizer(policy: nn.Module, critic: nn.Module | None, lr: float, critic_lr: float) -> torch.optim.AdamW:
+    """AdamW with two parameter groups: the policy's weights (with a shared critic: the GPT, trunk included) at
+    `lr`, the critic's own (the separate trunk and its head, or only the value head) at `critic_lr`."""
+    if critic is None:
+        groups = [list(policy.gpt.parameters()), list(policy.value_head.parameters())]
+    else:
+        groups = [list(policy.parameters()), list(critic.parameters())]
+    return torch.optim.AdamW([{"params": groups[0], "lr": lr}, {"params": groups[1], "lr": critic_lr}],
+                             betas=(0.9, 0.95), weight_decay=0.0)
+
+
+@dataclass
+class PPOConfig:
+    epochs: int = 2  # passes over one rollout batch
+    minibatches: int = 2  # optimizer steps per pass, each on a shuffled share of the batch
+    clip_eps: float = 0.2  # the policy ratio stays in [1 − ε, 1 + ε]
+    clip_value: float = 0.2  # a value moves at most this far from its old value (in reward units)
+    vf_coef: float = 0.1  # weight of the value loss
+    ent_coef: float = 0.0  # entropy bonus (0: entropy only logged)
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_rewards: bool = False  # scale the per-token rewards to unit variance (their mean kept) before GAE
+    grad_clip: float = 1.0  # applied to the policy's and the critic's parameter groups separately
+
+
+def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim.Optimizer, ro: Rollout,
+             kl_ctl: AdaptiveKLController | FixedKLController, cfg: PPOConfig,
+             generator: torch.Generator | None = None) -> dict[str, float]:
+    """One PPO iteration on a rollout batch (see the module docstring); updates kl_ctl after. Returns the metrics.
+    critic=None: the policy is a PolicyValue (the shared critic)."""
+    B = ro.sequences.size(0)
+    if not 1 <= cfg.minibatches <= B:
+        raise ValueError(f"ppo_step: {cfg.minibatches} minibatches do not fit a batch of {B} rollouts")
+    mask = ro.mask.float()  # (B, T-1)
+    orders = [torch.randperm(B, generator=generator) for _ in range(cfg.epochs)]  # each epoch's shuffle
+    models = (policy,) if critic is None else (policy, critic)
+    stats = defaultdict(list)
+    with eval_mode(*models):  # dropout off: the old and new log-probs must come from the same function
+        # 1. the policy and critic that sampled, without gradients, minibatch by minibatch as epoch 0 will see
+        #    them: the first minibatch's ratio is then exactly 1
+        old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask)  # (B, T-1)
+        with torch.no_grad():
+            for rows in orders[0].chunk(cfg.minibatches):
+                logp, values, entropy = logprobs_and_values(policy, critic, ro.sequences[rows], ro.attention_mask[rows],
+                                                            ro.temperature)
+                old_logp[rows], old_values[rows] = logp * mask[rows], values * mask[rows]
+                stats["policy/entropy"].append(masked_mean(entropy, mask[rows]).item())
+        # 2. rewards per token, then advantages and returns by GAE
+        rewards = per_token_rewards(ro.rewards, old_logp, ro.ref_logp, mask, kl_ctl.value)  # (B, T-1)
+        if cfg.whiten_rewards:
+            rewards = masked_whiten(rewards, mask, shift_mean=False)
+        advantages, returns = compute_gae(rewards, old_values, mask, cfg.gamma, cfg.lam)  # (B, T-1) each
+        advantages = masked_whiten(advantages, mask)  # over the batch's completion tokens only
+        # 3. epochs of clipped updates over shuffled minibatches
+        for epoch, order in enumerate(orders):
+            for i, rows in enumerate(order.chunk(cfg.minibatches)):
+                m, old = mask[rows], old_logp[rows]
+                logp, values, entropy = logprobs_and_values(policy, critic, ro.sequences[rows], ro.attention_mask[rows],
+                                                            ro.temperature, entropy_grad=cfg.ent_coef > 0)
+                logp = logp * m
+                if epoch == 0 and i == 0:  # nothing has changed yet: ρ = 1 on every token, to the last bit
+                    stats["policy/first_ratio_error"].append((torch.exp(logp - old) - 1).abs().max().item())
+                pg_loss, pg_clipfrac = clipped_policy_loss(logp, old, advantages[rows], m, cfg.clip_eps, how="token")
+                vf_loss, vf_clipfrac = clipped_value_loss(values, old_values[rows], returns[rows], m, cfg.clip_value)
+                loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * masked_mean(entropy, m)
+                loss.backward()
+                for name, group in zip(("policy/grad_norm", "val/grad_norm"), optimizer.param_groups):
+                    norm = torch.nn.utils.clip_grad_norm_(group["params"], cfg.grad_clip or float("inf"))
+                    stats[name].append(norm.item())
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                stats["loss/policy"].append(pg_loss.item())
+                stats["loss/value"].append(vf_loss.item())
+                stats["policy/clipfrac"].append(pg_clipfrac.item())
+                stats["val/clipfrac"].append(vf_clipfrac.item())
+                stats["policy/approxkl"].append(0.5 * masked_mean((logp.detach() - old) ** 2, m).item())
+
+    kl = masked_sum(kl_k1(old_logp, ro.ref_logp), mask, dim=1)  # (B,) per sequence, at the sampling policy
+    kl3 = masked_sum(kl_k3(old_logp, ro.ref_logp), mask, dim=1)
+    metrics = {k: sum(v) / len(v) for k, v in stats.items()}
+    metrics["policy/first_ratio_error"] = stats["policy/first_ratio_error"][0]
+    metrics.update({
+        "objective/kl": kl.mean().item(), "objective/kl_k3": kl3.mean().item(), "objective/kl_coef": kl_ctl.value,
+        "objective/scores": ro.rewards.mean().item(),
+        "objective/non_score_reward": (-kl_ctl.value * kl).mean().item(),
+        "objective/rlhf_reward": masked_sum(rewards, mask, dim=1).mean().item(),  # score − kl_coef · Σ k1, as used
+        "objective/entropy": masked_mean(-old_logp, mask).item(),  # E[−log π] of the sampled tokens
+        "proxy/reward": ro.rewards.mean().item(), "gold/reward": ro.gold.mean().item(),
+        "val/explained_variance": explained_variance(old_values, returns, mask),
+        "val/mean": masked_mean(old_values, mask).item(), "val/return": masked_mean(returns, mask).item(),
+        "completions/mean_length": mask.sum(dim=1).mean().item(),
+        "completions/clipped_ratio": (~ro.ended).float().mean().item(),
+    })
+    kl_ctl.update(metrics["objective/kl"], B)  # the coefficient for the next batch
+    return metrics

@@ -81,6 +81,30 @@ def test_policy_gradient_on_stories_and_resume(quick_env):
 
 
 @pytest.mark.slow
+def test_ppo_with_a_shared_critic_and_no_kl_penalty_and_resume(quick_env):
+    """Chapter 8 with the shared critic and a fixed coefficient of 0; then an interrupted run picks up."""
+    script = str(ROOT / "chapters" / "ch08_ppo.py")
+    flags = ["--quick", "--quiet", "--critic", "shared", "--kl-ctl", "fixed", "--kl-coef", "0"]
+    run = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, env=quick_env, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick" / "ppo_stories_shared_fixed0"
+    result = json.loads((out / "eval.json").read_text())
+    assert result["critic"] == "shared" and set(result["weights_held"]) == {"policy", "reference", "reward model"}
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "objective/kl" in r]
+    assert {"objective/kl", "objective/kl_coef", "objective/entropy", "objective/scores", "gold/reward", "proxy/reward",
+            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/explained_variance", "val/clipfrac",
+            "completions/mean_length", "gold/wrong_name", "time/update_s"} <= set(train[-1])
+    assert all(r["objective/kl_coef"] == 0 and r["policy/first_ratio_error"] == 0 for r in train)
+    assert (out / "policy_value" / "model.safetensors").is_file() and (out / "curves.png").is_file()
+
+    (out / "summary.json").unlink()  # as if stopped after its last checkpoint
+    again = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, env=quick_env, timeout=1200)
+    assert again.returncode == 0 and "resuming" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    assert (out / "summary.json").is_file()
+
+
+@pytest.mark.slow
 def test_seed_sweep_prints_the_spread(quick_env):
     run = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch05_sft.py"), "--quick", "--quiet", "--seeds", "2"],
                          capture_output=True, text=True, env=quick_env, timeout=1200)
@@ -112,6 +136,17 @@ def test_seed_sweep_prints_the_spread(quick_env):
         assert spread["after"]["runs"][k] == result["after"]["gold"]
         assert spread["gain"]["runs"][k] == pytest.approx(result["after"]["gold"] - result["before"]["gold"])
 
+    # and so does chapter 8's
+    ppo = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch08_ppo.py"), "--quick", "--quiet", "--seeds", "2"],
+                         capture_output=True, text=True, env=quick_env, timeout=1200)
+    assert ppo.returncode == 0, ppo.stdout[-3000:] + ppo.stderr[-3000:]
+    assert "2 seeds of PPO on stories" in ppo.stdout and "within ±30% of the target" in ppo.stdout
+    ppo_sweep = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick" / "ppo_stories_seeds"
+    summary = json.loads((ppo_sweep / "summary.json").read_text())
+    for k in (0, 1):
+        result = json.loads((ppo_sweep / f"seed{k}" / "eval.json").read_text())
+        assert Path(result["init"]) == sweep / f"seed{k}" and summary["spread"]["after"]["runs"][k] == result["after"]["gold"]
+
 
 @pytest.mark.slow
 def test_quick_chapter_6_from_an_empty_runs_folder_writes_only_under_quick(tmp_path, quick_env):
@@ -129,6 +164,7 @@ def test_quick_chapter_6_from_an_empty_runs_folder_writes_only_under_quick(tmp_p
     (["ch04_pretrain.py", "--text", "no/such/file.txt"], "error: --text: no/such/file.txt does not exist"),
     (["ch06_reward_model.py", "--init", "no/such/run"], "error: Tokenizer.load: no/such/run/tokenizer.tiktoken does not exist"),
     (["ch07_policy_gradient.py", "--seeds", "2"], "error: --seeds 2 starts seed k from"),
+    (["ch08_ppo.py", "--seeds", "2"], "error: --seeds 2 starts seed k from"),
 ])
 def test_bad_input_is_one_line_with_exit_code_2(args, message, quick_env, tmp_path):
     env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path))

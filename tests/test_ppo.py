@@ -1,17 +1,28 @@
-"""PPO's pieces against numbers worked out by hand (chapter 8)."""
+"""PPO's pieces against numbers worked out by hand (chapter 8), and a PPO step on a tiny GPT."""
 
 import pytest
 import torch
 
+from llm_from_scratch.generation import sequence_logprobs
+from llm_from_scratch.model import GPT, GPTConfig
+from llm_from_scratch.policy_gradient import rollout
 from llm_from_scratch.ppo import (
     AdaptiveKLController,
     FixedKLController,
+    PolicyValue,
+    PPOConfig,
+    actor,
     clipped_value_loss,
     compute_gae,
     explained_variance,
     last_token_index,
+    logprobs_and_values,
+    make_optimizer,
     per_token_rewards,
+    ppo_step,
 )
+from llm_from_scratch.reward_model import RewardModel
+from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 
 # A 4-token episode, γ = 0.9, λ = 0.8 (γλ = 0.72), worked right to left:
 #   δ3 = 2 + 0.9·0   − 0.2 =  1.8      A3 = 1.8
@@ -100,3 +111,129 @@ def test_adaptive_kl_controller_follows_the_formula():
     assert fixed.value == 0.05
     with pytest.raises(ValueError):
         AdaptiveKLController(0.1, target=0.0, horizon=10)
+
+
+# ----------------------------------------------------------------------------- the critic and a PPO step on a tiny GPT
+
+TEXT = "Add 2 and 3. 5 Sort these words: cat, dog. cat, dog Once upon a time there was a kite. The end. " * 30
+PROMPTS = ["Add 2 and 3.", "Sort these words: cat, dog."]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.train(TEXT, 300)
+
+
+def tiny_gpt(tok, seed=0, dropout=0.1):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=32, dropout=dropout))
+
+
+def tiny_rollout(tok, policy, reference, k=4, max_new_tokens=6, seed=0):
+    return rollout(actor(policy), reference, tok, PROMPTS, k=k, reward_fn=lambda p, c: [float(len(x) % 3) for x in c],
+                   max_new_tokens=max_new_tokens, temperature=0.9, generator=torch.Generator().manual_seed(seed))
+
+
+def test_shared_critic_gives_the_policys_logits_and_a_value_per_token_in_one_pass(tok):
+    gpt = tiny_gpt(tok)
+    pv = PolicyValue(gpt).eval()
+    ids = torch.tensor([encode_chat(tok, PROMPTS[1])[0]])
+    logits, values = pv(ids)
+    assert torch.equal(logits, gpt.eval()(ids)) and values.shape == ids.shape
+    assert (values == 0).all()  # the head starts with no opinion
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_logprobs_and_values_line_up_with_the_actions(tok, shared):
+    """Column t: the log-prob of token t+1 (as sequence_logprobs gives it), the value read at token t, and the
+    entropy of the full next-token distribution there."""
+    gpt = tiny_gpt(tok, dropout=0.0)
+    critic = None if shared else RewardModel(tiny_gpt(tok, 1, dropout=0.0))
+    policy = PolicyValue(gpt) if shared else gpt
+    if shared:
+        torch.nn.init.normal_(policy.value_head.weight)
+    ro = tiny_rollout(tok, policy, gpt)
+    logp, values, entropy = logprobs_and_values(policy, critic, ro.sequences, ro.attention_mask, 0.9)
+    expected = sequence_logprobs(gpt, ro.sequences, ro.attention_mask, 0.9)
+    assert torch.allclose(logp * ro.mask, expected * ro.mask, atol=1e-6)
+    all_values = (policy(ro.sequences, ro.attention_mask)[1] if shared
+                  else critic(ro.sequences, ro.attention_mask, per_token=True))
+    assert torch.allclose(values, all_values[:, :-1], atol=1e-6)
+    p = torch.softmax(gpt(ro.sequences, ro.attention_mask)[:, :-1] / 0.9, -1)
+    assert torch.allclose(entropy, -(p * p.log()).sum(-1), atol=1e-4)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_ppo_step_trains_policy_and_critic_never_the_reference_and_starts_at_ratio_one(tok, shared):
+    gpt, reference = tiny_gpt(tok), tiny_gpt(tok).requires_grad_(False)
+    critic = None if shared else RewardModel(tiny_gpt(tok, 1))
+    policy = PolicyValue(gpt) if shared else gpt
+    ref_before = [p.clone() for p in reference.parameters()]
+    pol_before = [p.clone() for p in gpt.parameters()]
+    head = policy.value_head if shared else critic.head
+    head_before = head.weight.clone()
+    opt = make_optimizer(policy, critic, lr=1e-3, critic_lr=1e-2)
+    ro = tiny_rollout(tok, policy, reference)
+    kl_ctl = AdaptiveKLController(0.1, target=1.0, horizon=100)
+    metrics = ppo_step(policy, critic, opt, ro, kl_ctl, PPOConfig(epochs=2, minibatches=2), torch.Generator().manual_seed(0))
+    assert metrics["policy/first_ratio_error"] == 0.0  # the first minibatch sees exactly the policy that sampled
+    assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-5)  # policy == reference when it sampled
+    assert kl_ctl.value == pytest.approx(0.1 * (1 - 0.2 * 8 / 100))  # KL 0 < target: the coefficient falls
+    assert all(p.grad is None for p in reference.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(ref_before, reference.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(pol_before, gpt.parameters()))
+    assert not torch.equal(head_before, head.weight) and policy.training  # the mode is given back
+    assert {"objective/kl_coef", "objective/entropy", "objective/scores", "gold/reward", "proxy/reward",
+            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/explained_variance", "val/clipfrac",
+            "completions/mean_length"} <= set(metrics)
+
+
+def test_the_kl_penalty_enters_the_reward_with_its_sign(tok):
+    policy, reference = tiny_gpt(tok, 0, dropout=0.0), tiny_gpt(tok, 1, dropout=0.0).requires_grad_(False)
+    ro = tiny_rollout(tok, policy, reference)
+    with torch.no_grad():
+        logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, ro.temperature) * ro.mask
+    kl = ((logp - ro.ref_logp) * ro.mask).sum(1)  # (B,) Σ k1 per completion, computed here on its own
+    critic = RewardModel(tiny_gpt(tok, 2))
+    opt = make_optimizer(policy, critic, lr=1e-3, critic_lr=1e-3)
+    metrics = ppo_step(policy, critic, opt, ro, FixedKLController(0.5), PPOConfig())
+    assert kl.mean().item() > 0.1 and metrics["objective/kl"] == pytest.approx(kl.mean().item(), rel=1e-4)
+    assert metrics["objective/rlhf_reward"] == pytest.approx((ro.rewards - 0.5 * kl).mean().item(), rel=1e-4)
+
+
+def test_a_separate_critics_value_loss_sends_no_gradient_to_the_policy(tok):
+    policy, critic = tiny_gpt(tok, dropout=0.0), RewardModel(tiny_gpt(tok, 1, dropout=0.0))
+    ro = tiny_rollout(tok, policy, policy)
+    logp, values, _ = logprobs_and_values(policy, critic, ro.sequences, ro.attention_mask, 0.9)
+    loss, _ = clipped_value_loss(values, values.detach() + 0.05, torch.ones_like(values), ro.mask)
+    loss.backward()
+    assert all(p.grad is None for p in policy.parameters())
+    assert all(p.grad is not None for p in critic.parameters() if p.requires_grad)
+    # with a shared critic it does reach the trunk (once the head is not zero): the price of sharing
+    pv = PolicyValue(tiny_gpt(tok, dropout=0.0))
+    torch.nn.init.normal_(pv.value_head.weight)
+    _, values, _ = logprobs_and_values(pv, None, ro.sequences, ro.attention_mask, 0.9)
+    clipped_value_loss(values, values.detach() + 0.05, torch.ones_like(values), ro.mask)[0].backward()
+    assert pv.gpt.blocks[0].attn.c_attn.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_ppo_steps_move_a_tiny_gpt_toward_the_rewarded_answer(tok, shared):
+    """Reward 1 when the one-token completion starts with a space: a few PPO steps raise that probability."""
+    gpt, reference = tiny_gpt(tok, dropout=0.0), tiny_gpt(tok, dropout=0.0)
+    critic = None if shared else RewardModel(tiny_gpt(tok, 1, dropout=0.0))
+    policy = PolicyValue(gpt) if shared else gpt
+    prompt = "Sort these words: cat, dog."
+    spaced = torch.tensor([tok.decode([i]).startswith(" ") for i in range(tok.vocab_size)])  # (V,) rewarded tokens
+
+    def p_rewarded():
+        with torch.no_grad():
+            return torch.softmax(gpt(torch.tensor([encode_chat(tok, prompt)[0]]))[0, -1], -1)[spaced].sum().item()
+
+    before = p_rewarded()
+    opt, g = make_optimizer(policy, critic, lr=2e-2, critic_lr=2e-2), torch.Generator().manual_seed(0)
+    for _ in range(12):
+        ro = rollout(gpt, reference, tok, [prompt], k=16, max_new_tokens=1, generator=g,
+                     reward_fn=lambda p, c: [float(x.startswith(" ")) for x in c])
+        ppo_step(policy, critic, opt, ro, FixedKLController(0.0), PPOConfig(epochs=2, minibatches=2), g)
+    assert 0.05 < before < 0.8 and p_rewarded() > before + 0.15
