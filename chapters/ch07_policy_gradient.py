@@ -127,6 +127,33 @@ def parse_args(argv=None):
     return args
 
 
+def task_data(name: str, quick: bool, eval_examples: int):
+    """A task's RL training prompts, its held-out examples (chapter 5's validation set), the prompts by their text,
+    and the gold reward of (prompts, completions) as a reward callable."""
+    kind, task = TASKS[name]
+    sizes = tinyworld.QUICK_SIZES if quick else {}
+    paths = tinyworld.ensure_datasets(tinyworld_dir(quick), seed=0, **sizes)
+    train_prompts = [p for p in read_jsonl(paths[f"rl_{kind}"]) if p["task"] == task]
+    held_out = [e for e in read_jsonl(paths["sft_val"]) if e["task"] == task][:eval_examples]
+    by_prompt = {p["prompt"]: p for p in train_prompts}
+
+    def gold_fn(prompts, completions):
+        return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
+
+    return train_prompts, held_out, by_prompt, gold_fn
+
+
+def sft_seed_sweep(root: Path, seeds: int) -> Path:
+    """Chapter 5's seed sweep, runs/sft_seeds/, where seed k of an RL sweep starts; an error naming the command
+    that makes it when a seed is missing."""
+    sft_sweep = root / "sft_seeds"
+    missing = [k for k in range(seeds) if not finished_run(sft_sweep / f"seed{k}")]
+    if missing:
+        raise PrerequisiteError(f"--seeds {seeds} starts seed k from {shown(sft_sweep)}/seed<k>, and seeds {missing} "
+                                f"are not there: run `python chapters/ch05_sft.py --seeds {seeds}` first")
+    return sft_sweep
+
+
 def evaluate(policy, tok, examples: list[dict], proxy_fn=None) -> dict:
     """Greedy answers to held-out prompts: the gold reward's mean (accuracy for word problems), the share that
     ended with EOS, and the trained reward's mean when it is not gold (the reward model, for stories)."""
@@ -210,16 +237,7 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
         require_real(rm_dir, args.quick)
         rm = RewardModel.load(rm_dir, device=device, vocab_size=tok.vocab_size).requires_grad_(False)
 
-    kind, task = TASKS[args.task]
-    sizes = tinyworld.QUICK_SIZES if args.quick else {}
-    paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
-    train_prompts = [p for p in read_jsonl(paths[f"rl_{kind}"]) if p["task"] == task]
-    held_out = [e for e in read_jsonl(paths["sft_val"]) if e["task"] == task][: args.eval_examples]
-    by_prompt = {p["prompt"]: p for p in train_prompts}
-
-    def gold_fn(prompts, completions):
-        return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
-
+    train_prompts, held_out, by_prompt, gold_fn = task_data(args.task, args.quick, args.eval_examples)
     rm_fn = reward_fn(rm, tok) if rm is not None else None
     train_fn = gold_fn if args.reward == "gold" else rm_fn
     proxy_fn = None if args.reward == "gold" else rm_fn  # what held-out answers score on the trained reward
@@ -326,8 +344,9 @@ def finished_seed(args, out: Path, seed: int) -> dict | None:
     return result
 
 
-def spread_table(results: list[dict], name: str) -> tuple[str, dict]:
-    """min / median / max over the seeds: the held-out score before and after, the gain, the KL, the minutes."""
+def spread_table(results: list[dict], name: str, percent: bool = True) -> tuple[str, dict]:
+    """min / median / max over the seeds: the held-out score before and after, the gain, the KL, the minutes.
+    percent=False shows the scores as they are (a mean reward, not an accuracy)."""
     rows = {"before": [r["before"]["gold"] for r in results], "after": [r["after"]["gold"] for r in results]}
     rows["gain"] = [a - b for a, b in zip(rows["after"], rows["before"])]
     rows["kl"] = [r["kl"] for r in results]
@@ -335,10 +354,11 @@ def spread_table(results: list[dict], name: str) -> tuple[str, dict]:
     spread = {k: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v} for k, v in rows.items()}
     label = {"before": f"held-out {name}, SFT", "after": f"held-out {name}, after RL", "gain": "gain",
              "kl": "KL (k1, nats/sequence)", "minutes": "training minutes"}
-    fmt = {"kl": "{:.3f}".format, "minutes": "{:.1f}".format, "gain": lambda x: f"{100 * x:+.1f} pts"}
+    fmt = {"kl": "{:.3f}".format, "minutes": "{:.1f}".format,
+           "gain": (lambda x: f"{100 * x:+.1f} pts") if percent else "{:+.3f}".format}
     lines = ["| | min | median | max | seeds 0.. |", "|---|---:|---:|---:|---|"]
     for k, v in spread.items():
-        f = fmt.get(k, "{:.1%}".format)
+        f = fmt.get(k, "{:.1%}".format if percent else "{:.3f}".format)
         lines.append(f"| {label[k]} | {f(v['min'])} | {f(v['median'])} | {f(v['max'])} | {', '.join(map(f, v['runs']))} |")
     return "\n".join(lines), spread
 
@@ -351,11 +371,7 @@ def main(argv=None) -> dict:
         init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
         return pg_run(args, args.out or root / f"pg_{args.task}_{args.algo}", args.seed, init, device)
 
-    sft_sweep = root / "sft_seeds"  # chapter 5's seed sweep: seed k of RL starts from seed k of SFT
-    missing = [k for k in range(args.seeds) if not finished_run(sft_sweep / f"seed{k}")]
-    if missing:
-        raise PrerequisiteError(f"--seeds {args.seeds} starts seed k from {shown(sft_sweep)}/seed<k>, and seeds {missing} "
-                                f"are not there: run `python chapters/ch05_sft.py --seeds {args.seeds}` first")
+    sft_sweep = sft_seed_sweep(root, args.seeds)  # seed k of RL starts from seed k of SFT
     sweep_dir = args.out or root / f"pg_{args.task}_{args.algo}_seeds"
     results = []
     for k in range(args.seeds):

@@ -24,8 +24,9 @@ then several epochs over shuffled minibatches, each an optimizer step on
     loss = clipped policy loss (chapter 7's `clipped_policy_loss`, per-token advantages)
          + vf_coef · clipped value loss − ent_coef · entropy
 
-The critic is a separate trunk initialised from the reward model (`RewardModel` read at every position), or a
-second head on the policy's own trunk (`PolicyValue`): logits and values from one forward pass, one trunk fewer.
+The critic is a separate trunk initialised from the reward model (`RewardModel` read at every position; chapter 8
+resets its head to zero), or a second head on the policy's own trunk (`PolicyValue`): logits and values from one
+forward pass, one trunk fewer.
 
 Tensors: per-token values (B, T) with a mask (B, T) that is 1 on completion tokens; a row's completion tokens
 are contiguous (left-padded prompt before, padding after its EOS), and padding never counts in a mean.
