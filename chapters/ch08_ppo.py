@@ -203,7 +203,7 @@ def curves(out: Path, records: list[dict], args) -> None:
     steps = [r["step"] for r in records if "objective/kl" in r]
     train = [r for r in records if "objective/kl" in r]
     evals = [r for r in records if "eval/gold" in r]
-    fig, axes = plt.subplots(1, 4, figsize=(20, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4), constrained_layout=True)
     a = axes[0]
     a.plot(steps, [r["proxy/reward"] for r in train], alpha=0.6, label="sampled: trained reward")
     if args.task == "stories":
@@ -233,9 +233,9 @@ def curves(out: Path, records: list[dict], args) -> None:
                        ("policy/approxkl", "approx KL(old ‖ new)")):
         a.plot(steps, [r[key] for r in train], label=label, alpha=0.8)
     a.set(xlabel="step", title="how far each update moved")
-    for a in axes:
+    for a, loc in zip(axes, ("center right", "upper left", "upper left", "upper right")):
         a.grid(alpha=0.3)
-        a.legend(fontsize=8, loc="upper left")
+        a.legend(fontsize=8, loc=loc)
     save(fig, out / "curves.png")
 
 
