@@ -33,19 +33,11 @@ from llm_from_scratch import tinyworld  # noqa: E402
 from llm_from_scratch.checkpoint import atomic_write_text, prerequisite, read_jsonl, runs_root, shown  # noqa: E402
 from llm_from_scratch.data import tinyworld_dir  # noqa: E402
 from llm_from_scratch.policy_gradient import rollout  # noqa: E402
-from llm_from_scratch.ppo import AdaptiveKLController, PolicyValue, PPOConfig, make_optimizer, ppo_step  # noqa: E402
+from llm_from_scratch.ppo import (AdaptiveKLController, PolicyValue, PPOConfig, make_optimizer, ppo_step,  # noqa: E402
+                                  weights_held)
 from llm_from_scratch.reward_model import RewardModel, reward_fn  # noqa: E402
 from llm_from_scratch.tokenizer import Tokenizer  # noqa: E402
 from llm_from_scratch.train import load_gpt  # noqa: E402
-
-
-def weights_held(models: dict) -> dict[str, dict]:
-    """Parameters and bytes of each model's weights (a tensor shared by two names counted once)."""
-    out = {}
-    for name, model in models.items():
-        params = {p.data_ptr(): p for p in model.parameters()}.values()
-        out[name] = {"params": sum(p.numel() for p in params), "bytes": sum(p.numel() * p.element_size() for p in params)}
-    return out
 
 
 def setup(kind: str, sft: Path, rm_dir: Path, vocab_size: int):

@@ -80,6 +80,7 @@ from llm_from_scratch.ppo import (
     actor,
     make_optimizer,
     ppo_step,
+    weights_held,
 )
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.tokenizer import Tokenizer
@@ -164,15 +165,6 @@ def parse_args(argv=None):
 def run_name(args) -> str:
     return (f"ppo_{args.task}" + ("_shared" if args.critic == "shared" else "")
             + (f"_fixed{args.kl_coef:g}" if args.kl_ctl == "fixed" else ""))
-
-
-def weights_held(models: dict[str, torch.nn.Module]) -> dict[str, dict]:
-    """Parameters and bytes of weights of each model a run keeps in memory (a tied matrix counted once)."""
-    held = {}
-    for name, model in models.items():
-        params = {p.data_ptr(): p for p in model.parameters()}.values()
-        held[name] = {"params": sum(p.numel() for p in params), "bytes": sum(p.numel() * p.element_size() for p in params)}
-    return held
 
 
 @torch.no_grad()

@@ -154,6 +154,12 @@ class PolicyValue(nn.Module):
                           device, vocab_size)
 
 
+def weights_held(models: dict[str, nn.Module]) -> dict[str, dict]:
+    """Parameters and bytes of the weights each named model holds (`parameters()` yields a tied matrix once)."""
+    return {name: {"params": sum(p.numel() for p in model.parameters()),
+                   "bytes": sum(p.numel() * p.element_size() for p in model.parameters())} for name, model in models.items()}
+
+
 def actor(policy: nn.Module) -> GPT:
     """The GPT that samples: the policy itself, or the GPT inside a PolicyValue."""
     return policy.gpt if isinstance(policy, PolicyValue) else policy

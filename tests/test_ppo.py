@@ -20,6 +20,7 @@ from llm_from_scratch.ppo import (
     make_optimizer,
     per_token_rewards,
     ppo_step,
+    weights_held,
 )
 from llm_from_scratch.reward_model import RewardModel
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
@@ -237,3 +238,10 @@ def test_ppo_steps_move_a_tiny_gpt_toward_the_rewarded_answer(tok, shared):
                      reward_fn=lambda p, c: [float(x.startswith(" ")) for x in c])
         ppo_step(policy, critic, opt, ro, FixedKLController(0.0), PPOConfig(epochs=2, minibatches=2), g)
     assert 0.05 < before < 0.8 and p_rewarded() > before + 0.15
+
+
+def test_weights_held_counts_a_tied_matrix_once(tok):
+    gpt = tiny_gpt(tok)
+    held = weights_held({"policy": PolicyValue(gpt), "reference": gpt})
+    assert held["reference"] == {"params": gpt.num_params(), "bytes": 4 * gpt.num_params()}  # float32
+    assert held["policy"]["params"] == gpt.num_params() + gpt.config.n_embd + 1  # the value head's weight and bias
