@@ -186,6 +186,7 @@ def sampled_eval(policy, reference, tok, examples: list[dict], n: int, temperatu
     kl1, kl3 = masked_sum(kl_k1(logp, ro.ref_logp), ro.mask, 1), masked_sum(kl_k3(logp, ro.ref_logp), ro.mask, 1)
     return {"gold": ro.gold.mean().item(), "gold_se": (ro.gold.std() / math.sqrt(ro.gold.numel())).item(),
             "proxy": ro.rewards.mean().item(), "kl": kl1.mean().item(), "kl_k3": kl3.mean().item(), "n": ro.gold.numel(),
+            "gold_each": ro.gold.tolist(),  # sample j of prompt i at [i * n + j], drawn with the same numbers every call
             "samples": [{"prompt": p, "response": c, "gold": g} for p, c, g in
                         zip(ro.prompts[::n][:6], ro.completions[::n][:6], ro.gold[::n][:6].tolist())]}
 
@@ -379,7 +380,7 @@ def finish(args, out, seed, init, device, sampler, policy, critic, reference, to
           f"sampled KL {kl:.2f} nats per completion (mean of the last 10 steps)"
           + (f"; second half within ±30% of the target {args.kl_target}: the 10-step mean KL at {in_band_smooth:.0%} of "
              f"the steps, one batch's KL at {in_band:.0%}" if args.kl_ctl == "adaptive" else ""))
-    strip = lambda d: {k: v for k, v in d.items() if k != "samples"}  # noqa: E731
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("samples", "gold_each")}  # noqa: E731
     result = {"task": args.task, "reward": args.reward, "critic": args.critic, "kl_ctl": args.kl_ctl,
               "kl_coef": args.kl_coef, "kl_target": args.kl_target, "kl_coef_final": train[-1]["objective/kl_coef"],
               "kl_in_band_second_half": in_band, "kl_in_band_second_half_smoothed": in_band_smooth, "before": strip(before), "after": strip(after), "kl": kl,

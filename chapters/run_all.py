@@ -33,6 +33,7 @@ CHAPTERS = [
     ("ch06_reward_model.py", "reward_model"),
     ("ch07_policy_gradient.py", "pg_word-problems_rloo"),
     ("ch08_ppo.py", "ppo_stories"),
+    ("ch09_dpo.py", "dpo"),
 ]
 
 

@@ -242,6 +242,7 @@ STAGES = {  # run folder -> (the chapter script that makes it, how long its real
     "reward_model": ("ch06_reward_model.py", "about 3 minutes"),
     "pg_word-problems_rloo": ("ch07_policy_gradient.py", "about 6 minutes"),
     "ppo_stories": ("ch08_ppo.py", "about 7 minutes"),
+    "dpo": ("ch09_dpo.py", "about 4 minutes"),
 }
 RESUMABLE = ("pretrain", "sft")  # these continue an interrupted run in place: rebuilding one starts over
 

@@ -16,13 +16,19 @@ the losses per pair are
     IPO ("ipo")             (h − 1/(2β))²                                (Azar et al., 2023: a target margin, not ∞)
 
 The reference never changes during training, so its log-probs can be computed once for the whole dataset and the
-reference model released (`reference_logps`), or computed live each step; the losses are the same either way.
+reference model released (`reference_logps`), or computed live each step (`frozen_logps`); the losses are the same
+either way, and caching saves one forward pass of the four a step would otherwise make (two rows per pair, through
+the policy forward and backward, through the reference forward only).
+
+At step 0 the policy is the reference: h = 0, every DPO loss is log 2, and every margin is 0.
 
 Tensors: a batch of N pairs is 2N rows, the N chosen then the N rejected, right-padded (B = 2N, T); a completion mask
 (B, T-1) marks the response tokens and the EOS in the log-prob columns (column t scores token t+1).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -86,14 +92,48 @@ def preference_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.Ten
 
 
 @torch.no_grad()
+def frozen_logps(model: GPT, ids: torch.Tensor, attention_mask: torch.Tensor,
+                 completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """concatenated_logps of a model that does not learn (the live reference): no graph, dropout off."""
+    with eval_mode(model):
+        return concatenated_logps(model, ids, attention_mask, completion_mask)
+
+
+@torch.no_grad()
 def reference_logps(reference: GPT, tok: Tokenizer, pairs: list[dict], batch_size: int = 32) -> torch.Tensor:
-    """The reference's sequence log-probs of every pair, once, without gradients: (N, 2), chosen then rejected.
-    Stored with the dataset, they let the reference model go before training starts."""
+    """A frozen model's sequence log-probs of every pair, once: (N, 2), chosen then rejected, on the CPU.
+    Stored with the dataset, the reference's let the reference model go before training starts; the same pass
+    over held-out pairs scores the policy at an evaluation."""
     device = next(reference.parameters()).device
-    out = []
-    with eval_mode(reference):
-        for i in range(0, len(pairs), batch_size):
-            ids, mask, completion = (t.to(device) for t in preference_batch(tok, pairs[i:i + batch_size]))
-            chosen, rejected = concatenated_logps(reference, ids, mask, completion)
-            out.append(torch.stack([chosen, rejected], dim=1).cpu())
-    return torch.cat(out)
+    length = [max(len(p["chosen"]), len(p["rejected"])) + len(p["prompt"]) for p in pairs]
+    order = sorted(range(len(pairs)), key=length.__getitem__)  # batches of similar length: little padding
+    out = torch.empty(len(pairs), 2)
+    for i in range(0, len(pairs), batch_size):
+        rows = order[i:i + batch_size]
+        batch = (t.to(device) for t in preference_batch(tok, [pairs[j] for j in rows]))
+        out[rows] = torch.stack(frozen_logps(reference, *batch), dim=1).cpu()  # back in the pairs' order
+    return out
+
+
+@dataclass
+class DPOConfig:
+    beta: float = 0.1              # the KL weight of the objective DPO optimises: the implicit reward's scale
+    loss_type: str = "sigmoid"     # "sigmoid" (DPO, with label_smoothing > 0 conservative DPO) or "ipo"
+    label_smoothing: float = 0.0   # ε: the assumed probability that a label is flipped
+    max_grad_norm: float = 1.0
+
+
+def dpo_step(policy: GPT, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+             ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, cfg: DPOConfig) -> dict[str, float]:
+    """One optimizer step on a batch of N pairs (batch = preference_batch(...) on the policy's device) whose
+    reference log-probs (N,) each come from the cache or from frozen_logps. Returns the loss, the standard
+    metrics and the gradient norm before clipping."""
+    chosen, rejected = concatenated_logps(policy, *batch)  # (N,), (N,): one forward pass over 2N rows
+    losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, cfg.beta,
+                                                        cfg.loss_type, cfg.label_smoothing)
+    optimizer.zero_grad(set_to_none=True)
+    losses.mean().backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    return {"loss": losses.mean().item(), **preference_metrics(chosen_rewards, rejected_rewards, chosen, rejected),
+            "grad_norm": grad_norm.item()}

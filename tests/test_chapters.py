@@ -6,6 +6,7 @@ run_all) keeps the suite fast. The notebooks (test_notebooks.py) then reuse thes
 """
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,75 @@ def test_ppo_with_a_shared_critic_and_no_kl_penalty_and_resume(quick_env):
 
 
 @pytest.mark.slow
+def test_dpo_cached_and_live_reference_agree_and_the_comparison_reuses_the_default_run(quick_env):
+    """Chapter 9 with the reference's log-probs cached (the default) and with a live reference: the same numbers;
+    then --compare keeps the default run and tabulates every loss; then an interrupted run picks up."""
+    script = str(ROOT / "chapters" / "ch09_dpo.py")
+    runs = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick"
+    results = {}
+    for reference in ("cached", "live"):
+        run = subprocess.run([sys.executable, script, "--quick", "--quiet", "--reference", reference],
+                             capture_output=True, text=True, env=quick_env, timeout=1200)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        out = runs / ("dpo" if reference == "cached" else "dpo_live")
+        results[reference] = json.loads((out / "eval.json").read_text())
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert {"train/loss", "train/rewards/chosen", "train/rewards/rejected", "train/rewards/margins",
+                "train/rewards/accuracies", "train/logps/chosen", "train/logps/rejected"} <= set(records[1])
+        evals = [r for r in records if "val/loss" in r]
+        assert [r["step"] for r in evals] == [0, 3, 6] and {"eval/kl", "eval/kl_k3", "eval/gold"} <= set(evals[-1])
+        assert evals[0]["val/loss"] == pytest.approx(0.693147, abs=1e-4) and evals[0]["eval/kl"] == 0.0  # step 0: π = π_ref
+        rows = [json.loads(line) for line in (out / "side_by_side.jsonl").read_text().splitlines()]
+        assert {r["step"] for r in rows} == {0, 3, 6} and {"prompt", "reference", "policy", "gold_policy"} <= set(rows[0])
+        for name in ("curves.png", "kl_gold.png", "logp_shift.png", "samples.md", "model.safetensors"):
+            assert (out / name).is_file(), name
+    cached, live = results["cached"], results["live"]
+    assert set(cached["weights_held"]) == {"policy"} and set(live["weights_held"]) == {"policy", "reference"}
+    assert (runs / "dpo" / "reference_logps.safetensors").is_file() and not (runs / "dpo_live" / "reference_logps.safetensors").exists()
+    for key in ("rewards/accuracies", "rewards/margins", "loss", "logps/chosen"):
+        assert cached["val"][key] == pytest.approx(live["val"][key], abs=1e-4), key
+    assert cached["after"]["gold"] == pytest.approx(live["after"]["gold"], abs=1e-6)
+
+    compare = subprocess.run([sys.executable, script, "--quick", "--quiet", "--compare"], capture_output=True, text=True,
+                             env=quick_env, timeout=1200)
+    assert compare.returncode == 0, compare.stdout[-3000:] + compare.stderr[-3000:]
+    assert compare.stdout.count("keeping the finished run") == 1  # the default run above, not trained again
+    table = (runs / "dpo_compare" / "compare.md").read_text()
+    assert all(f"| {loss} | {beta} | {eps} |" in table for loss, beta, eps in
+               (("sigmoid", "0.1", "0"), ("sigmoid", "0.5", "0"), ("sigmoid", "2", "0"), ("ipo", "0.5", "0"),
+                ("sigmoid", "0.5", "0.1")))
+    assert (runs / "dpo_compare" / "compare.png").is_file()
+
+    # on-policy pairs: the SFT model's own stories, best against worst by gold, labelled with Bradley–Terry noise
+    sampled = subprocess.run([sys.executable, script, "--quick", "--quiet", "--pairs", "sampled"], capture_output=True,
+                             text=True, env=quick_env, timeout=1200)
+    assert sampled.returncode == 0, sampled.stdout[-3000:] + sampled.stderr[-3000:]
+    out = runs / "dpo_sampled"
+    rows = [json.loads(line) for line in (out / "sampled_pairs.jsonl").read_text().splitlines()]
+    assert json.loads((out / "eval.json").read_text())["train_pairs"] == len(rows) >= 1
+    for r in rows:
+        assert r["gold_chosen"] != r["gold_rejected"] and "<|" not in r["chosen"] + r["rejected"]
+        assert r["p_chosen"] == pytest.approx(1 / (1 + math.exp(-8 * (r["gold_chosen"] - r["gold_rejected"]))))
+
+    (runs / "dpo" / "summary.json").unlink()  # as if stopped after its last checkpoint
+    again = subprocess.run([sys.executable, script, "--quick", "--quiet"], capture_output=True, text=True, env=quick_env,
+                           timeout=1200)
+    assert again.returncode == 0 and "resuming" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "the reference's log-probs" not in again.stdout  # read back from the run folder, not computed again
+    assert (runs / "dpo" / "summary.json").is_file()
+
+
+def test_dpo_names_the_line_of_a_malformed_pair(quick_env, tmp_path):
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"prompt": "Hi.", "chosen": "Hello.", "rejected": "Go."}\n{"prompt": "Hi.", "chosen": "Hello."}\n')
+    env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path / "runs"))
+    run = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch09_dpo.py"), "--quick", "--train-pairs", str(bad)],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 2 and run.stderr.strip() == f"error: {bad}, line 2: missing field 'rejected'", run.stderr
+    assert not (tmp_path / "runs").exists()  # refused before building anything
+
+
+@pytest.mark.slow
 def test_seed_sweep_prints_the_spread(quick_env):
     run = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch05_sft.py"), "--quick", "--quiet", "--seeds", "2"],
                          capture_output=True, text=True, env=quick_env, timeout=1200)
@@ -147,6 +217,18 @@ def test_seed_sweep_prints_the_spread(quick_env):
         result = json.loads((ppo_sweep / f"seed{k}" / "eval.json").read_text())
         assert Path(result["init"]) == sweep / f"seed{k}" and summary["spread"]["after"]["runs"][k] == result["after"]["gold"]
 
+    # and chapter 9's
+    dpo = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch09_dpo.py"), "--quick", "--quiet", "--seeds", "2"],
+                         capture_output=True, text=True, env=quick_env, timeout=1200)
+    assert dpo.returncode == 0, dpo.stdout[-3000:] + dpo.stderr[-3000:]
+    assert "2 seeds of dpo_beta0.5" in dpo.stdout and "| held-out preference accuracy |" in dpo.stdout
+    dpo_sweep = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick" / "dpo_seeds"
+    spread = json.loads((dpo_sweep / "summary.json").read_text())["spread"]
+    for k in (0, 1):
+        result = json.loads((dpo_sweep / f"seed{k}" / "eval.json").read_text())
+        assert Path(result["init"]) == sweep / f"seed{k}" and result["seed"] == k
+        assert spread["held-out preference accuracy"]["runs"][k] == result["accuracy"]
+
 
 @pytest.mark.slow
 def test_quick_chapter_6_from_an_empty_runs_folder_writes_only_under_quick(tmp_path, quick_env):
@@ -165,6 +247,7 @@ def test_quick_chapter_6_from_an_empty_runs_folder_writes_only_under_quick(tmp_p
     (["ch06_reward_model.py", "--init", "no/such/run"], "error: Tokenizer.load: no/such/run/tokenizer.tiktoken does not exist"),
     (["ch07_policy_gradient.py", "--seeds", "2"], "error: --seeds 2 starts seed k from"),
     (["ch08_ppo.py", "--seeds", "2"], "error: --seeds 2 starts seed k from"),
+    (["ch09_dpo.py", "--seeds", "2"], "error: --seeds 2 starts seed k from"),
 ])
 def test_bad_input_is_one_line_with_exit_code_2(args, message, quick_env, tmp_path):
     env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path))

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from llm_from_scratch.dpo import concatenated_logps, dpo_loss, preference_batch, preference_metrics, reference_logps
+from llm_from_scratch.dpo import (DPOConfig, concatenated_logps, dpo_loss, dpo_step, frozen_logps, preference_batch,
+                                  preference_metrics, reference_logps)
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 
@@ -29,6 +30,15 @@ def test_conservative_dpo_flips_each_label_with_probability_epsilon():
     losses, _, _ = one_pair(beta=0.1, label_smoothing=0.1)
     by_hand = 0.9 * math.log(1 + math.exp(-0.2)) + 0.1 * math.log(1 + math.exp(0.2))  # 0.9·0.598139 + 0.1·0.798139
     assert losses.item() == pytest.approx(by_hand) and by_hand == pytest.approx(0.618139, abs=1e-6)
+
+
+def test_beta_and_epsilon_away_from_their_defaults():
+    losses, chosen, rejected = one_pair(beta=0.5, label_smoothing=0.2)  # βh = 1
+    by_hand = 0.8 * math.log(1 + math.exp(-1)) + 0.2 * math.log(1 + math.exp(1))  # 0.8·0.313262 + 0.2·1.313262
+    assert losses.item() == pytest.approx(by_hand) and by_hand == pytest.approx(0.513262, abs=1e-6)
+    assert chosen.item() == pytest.approx(0.5) and rejected.item() == pytest.approx(-0.5)  # rewards scale with β
+    ipo, _, _ = one_pair(beta=0.2, loss_type="ipo")
+    assert ipo.item() == pytest.approx((2 - 2.5) ** 2)  # target margin 1/(2·0.2) = 2.5 nats: 0.25
 
 
 def test_ipo_is_the_squared_distance_to_a_target_margin():
@@ -100,9 +110,10 @@ def test_concatenated_logps_are_sums_over_each_response_alone(tok):
 
 def test_precomputed_reference_logps_equal_the_live_ones(tok):
     reference = tiny_gpt(tok, seed=1)
-    cached = reference_logps(reference, tok, PAIRS, batch_size=2)  # (N, 2), in batches of another shape
+    pairs = [PAIRS[2], PAIRS[0], PAIRS[1]]  # not in length order: the cache batches by length, then puts them back
+    cached = reference_logps(reference, tok, pairs, batch_size=2)  # (N, 2), in batches of another shape
     with torch.no_grad(), eval_mode(reference):
-        live = torch.stack(concatenated_logps(reference, *preference_batch(tok, PAIRS)), dim=1)
+        live = torch.stack(concatenated_logps(reference, *preference_batch(tok, pairs)), dim=1)
     assert cached.shape == (3, 2) and torch.allclose(cached, live, atol=1e-5)
 
 
@@ -120,3 +131,57 @@ def test_dpo_steps_raise_the_preference_margin_of_a_tiny_gpt(tok):
         losses.mean().backward()
         opt.step()
     assert margins[0] == pytest.approx(0.0, abs=1e-5) and margins[-1] > 0.5  # the policy starts as the reference
+
+
+def test_padding_on_both_sides_counts_only_the_response_tokens(tok):
+    """Rows built by hand with two pads on the left and at least three on the right, and a completion mask marking
+    each response: the sums of the response's log-probs added up by hand on the unpadded row."""
+    model = tiny_gpt(tok).eval()
+    rows = [encode_chat(tok, p["prompt"], p[side]) for side in ("chosen", "rejected") for p in PAIRS[:1]]
+    pad, T = tok.pad_id, 2 + max(len(row) for row, _ in rows) + 3
+    ids, mask, completion = [], [], []
+    for row, n in rows:
+        right = T - 2 - len(row)
+        ids.append([pad, pad] + row + [pad] * right)
+        mask.append([0, 0] + [1] * len(row) + [0] * right)
+        completion.append([0] * (2 + n - 1) + [1] * (len(row) - n) + [0] * right)  # (T-1,): column t scores token t+1
+    ids, mask, completion = torch.tensor(ids), torch.tensor(mask), torch.tensor(completion)
+    chosen, rejected = concatenated_logps(model, ids, mask, completion)
+    for (row, n), got in zip(rows, (chosen, rejected)):
+        logp = torch.log_softmax(model(torch.tensor([row]))[0], dim=-1)
+        by_hand = sum(logp[t - 1, row[t]].item() for t in range(n, len(row)))  # the response tokens and EOS
+        assert got.item() == pytest.approx(by_hand, abs=1e-5)
+
+
+def test_at_step_zero_the_loss_is_log_two_and_every_margin_is_zero(tok):
+    policy, reference = tiny_gpt(tok, 3), tiny_gpt(tok, 3)
+    batch = preference_batch(tok, PAIRS)
+    ref_c, ref_r = frozen_logps(reference, *batch)
+    m = dpo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.0), batch, ref_c, ref_r, DPOConfig(beta=0.3))
+    assert m["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert m["rewards/margins"] == pytest.approx(0.0, abs=1e-6) and m["rewards/chosen"] == pytest.approx(0.0, abs=1e-6)
+    assert m["grad_norm"] > 0  # the gradient is not zero at h = 0: σ(0) = 1/2 pushes the margin up
+
+
+@pytest.mark.parametrize("cfg", [DPOConfig(), DPOConfig(beta=0.3, label_smoothing=0.1), DPOConfig(loss_type="ipo")])
+def test_cached_and_live_reference_train_the_same_policy(tok, cfg):
+    """Three steps with the reference's log-probs cached before training, three with a live reference model: the
+    same losses, metrics and weights."""
+    runs = []
+    for cached in (True, False):
+        policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 0)
+        cache = reference_logps(reference, tok, PAIRS) if cached else None
+        opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+        history = []
+        for step in range(3):
+            batch = preference_batch(tok, PAIRS[step % 2:])
+            rows = torch.arange(step % 2, len(PAIRS))
+            ref_c, ref_r = (cache[rows, 0], cache[rows, 1]) if cached else frozen_logps(reference, *batch)
+            history.append(dpo_step(policy, opt, batch, ref_c, ref_r, cfg))
+        runs.append((history, policy))
+    (h_cached, p_cached), (h_live, p_live) = runs
+    for a, b in zip(h_cached, h_live):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert h_cached[-1]["rewards/margins"] != pytest.approx(0.0, abs=1e-4)  # the steps did move the policy
+    for pa, pb in zip(p_cached.parameters(), p_live.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-5)
