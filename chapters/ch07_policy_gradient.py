@@ -60,7 +60,8 @@ from llm_from_scratch.checkpoint import (
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.plots import save
-from llm_from_scratch.policy_gradient import ALGOS, MovingAverageBaseline, PGConfig, pass_at_k, pg_update, rollout
+from llm_from_scratch.policy_gradient import (ALGOS, MovingAverageBaseline, PGConfig, pass_at_k, pg_update, rollout,
+                                              sampled_eval)
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer
@@ -98,6 +99,10 @@ def parse_args(argv=None):
                     help="word problems: before training, draw N samples per held-out problem from the SFT model (at "
                          "--temperature) for its pass@1..N, the ceiling that reweighting its own samples can approach "
                          "(default 16; 0 skips it)")
+    ap.add_argument("--eval-samples", type=int, default=0, metavar="N",
+                    help="stories: at every evaluation also draw N samples of each held-out prompt at --temperature "
+                         "(the same draws every time) for the sampled gold ± s.e., the proxy and the KL to the SFT "
+                         "model, as chapters 8-10 do (default 0: greedy stories only)")
     ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="run seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, into "
@@ -119,6 +124,8 @@ def parse_args(argv=None):
     for flag in ("steps", "prompts", "k", "max_new_tokens", "eval_interval", "inner_epochs"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be ≥ 1")
+    if args.eval_samples < 0:
+        ap.error("--eval-samples must be ≥ 0")
     if args.k < 2 and args.algo != "reinforce":
         ap.error(f"--algo {args.algo} compares samples of one prompt: --k must be ≥ 2")
     if args.quick:
@@ -164,6 +171,27 @@ def evaluate(policy, tok, examples: list[dict], proxy_fn=None) -> dict:
         result["proxy"] = float(torch.as_tensor(proxy_fn([e["prompt"] for e in examples], [t for t, _ in answers])).mean())
     result["samples"] = [{"prompt": e["prompt"], "response": t, "gold": g} for e, (t, _), g in zip(examples[:6], answers, gold)]
     return result
+
+
+def evaluate_held_out(args, policy, reference, tok, examples: list[dict], proxy_fn, seed: int) -> dict:
+    """`evaluate`'s greedy answers; for stories with --eval-samples N, also the sampled evaluation of chapters 8-10
+    (policy_gradient.sampled_eval) under "sampled"."""
+    result = evaluate(policy, tok, examples, proxy_fn)
+    if args.task == "stories" and args.eval_samples:
+        sampled = sampled_eval(policy, reference, tok, examples, args.eval_samples, args.temperature,
+                               args.max_new_tokens, proxy_fn, seed)
+        result["sampled"] = {k: sampled[k] for k in ("gold", "gold_se", "proxy", "kl", "kl_k3", "n", "length")}
+    return result
+
+
+def eval_record(result: dict) -> dict:
+    """The metrics.jsonl keys of one held-out evaluation."""
+    record = {"eval/gold": result["gold"], **({"eval/proxy": result["proxy"]} if "proxy" in result else {})}
+    if "sampled" in result:
+        s = result["sampled"]
+        record.update({"eval/sampled_gold": s["gold"], "eval/sampled_gold_se": s["gold_se"],
+                       "eval/sampled_proxy": s["proxy"], "eval/kl": s["kl"], "eval/kl_k3": s["kl_k3"]})
+    return record
 
 
 def sampled_pass_at_k(policy, tok, examples: list[dict], n: int, temperature: float, seed: int) -> dict[int, float]:
@@ -262,14 +290,13 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
         print(f"resuming {shown(out)} at step {start}")
     start_run(out, fresh=() if start else ("metrics.jsonl", "rollout_samples.jsonl"))
     if before is None:
-        before = evaluate(policy, tok, held_out, proxy_fn)
+        before = evaluate_held_out(args, policy, reference, tok, held_out, proxy_fn, seed)
         if args.task == "word-problems" and args.pass_at_k:
             t0 = time.perf_counter()
             before["pass_at_k"] = sampled_pass_at_k(policy, tok, held_out, args.pass_at_k, args.temperature, seed)
             print(f"SFT model, {args.pass_at_k} samples per held-out problem at T = {args.temperature} "
                   f"({time.perf_counter() - t0:.0f} s): " + ", ".join(f"pass@{k} {v:.3f}" for k, v in before["pass_at_k"].items()))
-        append_metrics(out / "metrics.jsonl", {"step": 0, "eval/gold": before["gold"], **(
-            {"eval/proxy": before["proxy"]} if "proxy" in before else {})})
+        append_metrics(out / "metrics.jsonl", {"step": 0, **eval_record(before)})
     print(f"before: held-out {'accuracy' if args.task == 'word-problems' else 'gold reward'} {before['gold']:.3f}")
 
     generator = torch.Generator(device=device).manual_seed(seed + start)
@@ -289,10 +316,7 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
         record = {"step": step + 1, **metrics, **{f"time/{k}_s": v for k, v in ro.seconds.items()},
                   "time/rollout_s": t1 - t0, "time/update_s": t2 - t1}
         if (step + 1) % args.eval_interval == 0 or step + 1 == args.steps:
-            result = evaluate(policy, tok, held_out, proxy_fn)
-            record["eval/gold"] = result["gold"]
-            if "proxy" in result:
-                record["eval/proxy"] = result["proxy"]
+            record.update(eval_record(evaluate_held_out(args, policy, reference, tok, held_out, proxy_fn, seed)))
             for row in top_samples(ro, step + 1, by_prompt, args.task):
                 append_metrics(out / "rollout_samples.jsonl", row)
             save_gpt(policy, out / "last")
@@ -302,7 +326,7 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
     seconds = time.perf_counter() - t_start
 
-    after = evaluate(policy, tok, held_out, proxy_fn)
+    after = evaluate_held_out(args, policy, reference, tok, held_out, proxy_fn, seed)
     save_gpt(policy, out)
     tok.save(out)
     records = read_jsonl(out / "metrics.jsonl")
@@ -312,10 +336,13 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
     kl3 = sum(r["objective/kl_k3"] for r in last) / max(1, len(last))  # k3: never below 0
     name = "accuracy" if args.task == "word-problems" else "gold reward"
     print(f"after {args.steps} steps ({seconds / 60:.1f} min): held-out {name} {before['gold']:.3f} -> {after['gold']:.3f} "
-          f"at KL {kl:.3f} (k1) / {kl3:.3f} (k3) nats per sequence (mean of the last 10 steps)")
+          f"at KL {kl:.3f} (k1) / {kl3:.3f} (k3) nats per sequence (mean of the last 10 steps)"
+          + (f"; sampled at T = {args.temperature}: gold {before['sampled']['gold']:.3f} -> {after['sampled']['gold']:.3f} "
+             f"± {after['sampled']['gold_se']:.3f}, held-out KL {after['sampled']['kl']:.2f}" if "sampled" in after else ""))
     result = {"algo": args.algo, "task": args.task, "reward": args.reward, "before": {k: v for k, v in before.items() if k != "samples"},
               "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": args.steps,
               "seconds": seconds, "seed": seed, "init": str(init), "config": vars(cfg), "lr": args.lr, "prompts": args.prompts,
+              "eval_samples": args.eval_samples if args.task == "stories" else 0,
               "device": str(device)}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
     cell = lambda s: s.replace("\n", " ").replace("|", "/")  # noqa: E731
@@ -336,7 +363,8 @@ def finished_seed(args, out: Path, seed: int) -> dict | None:
     if args.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
         return None
     result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
-    same = {"steps": args.steps, "seed": seed, "lr": args.lr, "prompts": args.prompts, "algo": args.algo}
+    same = {"steps": args.steps, "seed": seed, "lr": args.lr, "prompts": args.prompts, "algo": args.algo,
+            "eval_samples": args.eval_samples if args.task == "stories" else 0}
     same_cfg = {"k": args.k, "beta": args.beta, "temperature": args.temperature, "inner_epochs": args.inner_epochs}
     if any(result.get(k) != v for k, v in same.items()) or any(result["config"].get(k) != v for k, v in same_cfg.items()):
         return None

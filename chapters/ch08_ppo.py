@@ -36,7 +36,6 @@ summary.json. An interrupted run resumes from its last evaluation (--no-resume s
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import statistics
 import sys
@@ -50,7 +49,6 @@ from ch07_policy_gradient import (TASKS, evaluate, sft_seed_sweep, spread_table,
                                   task_data, top_samples)
 from tqdm import tqdm
 
-from llm_from_scratch import tinyworld
 from llm_from_scratch.checkpoint import (
     append_metrics,
     atomic_write_text,
@@ -68,10 +66,8 @@ from llm_from_scratch.checkpoint import (
     write_summary,
 )
 from llm_from_scratch.device import pick_device, seed_everything
-from llm_from_scratch.generation import sequence_logprobs
-from llm_from_scratch.model import eval_mode
 from llm_from_scratch.plots import save
-from llm_from_scratch.policy_gradient import kl_k1, kl_k3, masked_sum, rollout
+from llm_from_scratch.policy_gradient import rollout, sampled_eval
 from llm_from_scratch.ppo import (
     AdaptiveKLController,
     FixedKLController,
@@ -165,30 +161,6 @@ def parse_args(argv=None):
 def run_name(args) -> str:
     return (f"ppo_{args.task}" + ("_shared" if args.critic == "shared" else "")
             + (f"_fixed{args.kl_coef:g}" if args.kl_ctl == "fixed" else ""))
-
-
-@torch.no_grad()
-def sampled_eval(policy, reference, tok, examples: list[dict], n: int, temperature: float, max_new_tokens: int,
-                 proxy_fn, seed: int) -> dict:
-    """n samples of every held-out prompt at the training temperature (the same random numbers at every call):
-    their mean gold reward with its standard error, the trained reward's mean, and the KL to the reference
-    per completion (k1 and k3, from these samples)."""
-    by_prompt = {e["prompt"]: e for e in examples}
-
-    def gold_fn(prompts, completions):
-        return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
-
-    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(10_000 + seed)
-    ro = rollout(policy, reference, tok, list(by_prompt), n, proxy_fn or gold_fn, gold_fn, max_new_tokens,
-                 temperature, None, generator)
-    with eval_mode(policy):
-        logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, temperature) * ro.mask
-    kl1, kl3 = masked_sum(kl_k1(logp, ro.ref_logp), ro.mask, 1), masked_sum(kl_k3(logp, ro.ref_logp), ro.mask, 1)
-    return {"gold": ro.gold.mean().item(), "gold_se": (ro.gold.std() / math.sqrt(ro.gold.numel())).item(),
-            "proxy": ro.rewards.mean().item(), "kl": kl1.mean().item(), "kl_k3": kl3.mean().item(), "n": ro.gold.numel(),
-            "gold_each": ro.gold.tolist(),  # sample j of prompt i at [i * n + j], drawn with the same numbers every call
-            "samples": [{"prompt": p, "response": c, "gold": g} for p, c, g in
-                        zip(ro.prompts[::n][:6], ro.completions[::n][:6], ro.gold[::n][:6].tolist())]}
 
 
 def curves(out: Path, records: list[dict], args) -> None:
@@ -380,7 +352,7 @@ def finish(args, out, seed, init, device, sampler, policy, critic, reference, to
           f"sampled KL {kl:.2f} nats per completion (mean of the last 10 steps)"
           + (f"; second half within ±30% of the target {args.kl_target}: the 10-step mean KL at {in_band_smooth:.0%} of "
              f"the steps, one batch's KL at {in_band:.0%}" if args.kl_ctl == "adaptive" else ""))
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("samples", "gold_each")}  # noqa: E731
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("samples", "gold_each", "proxy_each", "completions")}  # noqa: E731
     result = {"task": args.task, "reward": args.reward, "critic": args.critic, "kl_ctl": args.kl_ctl,
               "kl_coef": args.kl_coef, "kl_target": args.kl_target, "kl_coef_final": train[-1]["objective/kl_coef"],
               "kl_in_band_second_half": in_band, "kl_in_band_second_half_smoothed": in_band_smooth, "before": strip(before), "after": strip(after), "kl": kl,

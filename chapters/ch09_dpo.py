@@ -50,7 +50,6 @@ import matplotlib.pyplot as plt
 import torch
 from ch06_reward_model import moving_average  # chapter 6's helper
 from ch07_policy_gradient import sft_seed_sweep, task_data  # chapter 7's helpers
-from ch08_ppo import sampled_eval  # chapter 8's sampled evaluation: gold, KL k1/k3, same numbers every call
 from tqdm import tqdm
 
 from llm_from_scratch import tinyworld
@@ -77,6 +76,7 @@ from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.dpo import (LOSS_TYPES, DPOConfig, dpo_loss, dpo_step, frozen_logps, preference_batch,
                                   preference_metrics, reference_logps)
 from llm_from_scratch.plots import save
+from llm_from_scratch.policy_gradient import sampled_eval  # the held-out evaluation of chapters 7-10: gold, KL k1/k3, same draws every call
 from llm_from_scratch.ppo import weights_held
 from llm_from_scratch.reward_model import agreement_by_part, gold_sign, load_preferences, ranking_scores
 from llm_from_scratch.sft import answer
@@ -474,7 +474,7 @@ def finish(args, out, seed, init, device, policy, tok, train_pairs, val_rows, va
           f"fell in {both_fell:.0%} of the pairs\nsampled stories: gold {before['gold']:.3f} → {after['gold']:.3f} "
           f"(paired gain {sum(gain) / len(gain):+.3f} ± {gain_se:.3f}) at a KL of {after['kl']:.2f} nats (k3 "
           f"{after['kl_k3']:.2f})")
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("samples", "gold_each")}  # noqa: E731
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("samples", "gold_each", "proxy_each", "completions")}  # noqa: E731
     result = {"pairs": args.pairs, "loss_type": args.loss_type, "beta": args.beta, "label_smoothing": args.label_smoothing,
               "variant": variant(args.loss_type, args.beta, args.label_smoothing), "reference": args.reference,
               "val": val_metrics, "accuracy": val_metrics["rewards/accuracies"], "rankings": ranked, "by_part": parts,

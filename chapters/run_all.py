@@ -1,18 +1,25 @@
-"""Run the whole course, chapter by chapter, on the built-in tiny world, then write runs/report.md.
+"""Run the whole course, chapters 1 to 10, on the built-in tiny world, then write runs/report.md.
 
-Each chapter script runs in its own process, in order; each writes its artifacts and a report.md
-fragment into its run folder, and this script stitches the fragments (tables and figures) together.
-Chapters that later issues add join the CHAPTERS list.
+Each chapter script runs in its own process, in order, with its defaults; each writes its artifacts and a report.md
+fragment into its run folder, and this script stitches the fragments together under a header that names the machine
+and the time each stage took, with the arena's table and frontier (chapter 10) first.
 
-    python chapters/run_all.py            # the real course
-    python chapters/run_all.py --quick    # a smoke run of every chapter (minutes)
-    python chapters/run_all.py --keep-finished   # after an interruption: keep the chapters already finished
+A stage whose run folder already holds a finished run (its summary.json, of the same mode: real or quick) is kept, so
+an interrupted course picks up where it stopped; once a stage runs, every later stage runs again too (they build on
+it). --again reruns every stage.
+
+    python chapters/run_all.py              # the real course (about 40 minutes on a 2-core CPU)
+    python chapters/run_all.py --quick      # a smoke run of every chapter (minutes); writes under runs/quick/
+    python chapters/run_all.py --again      # start over, even where runs/ holds finished stages
+    python chapters/run_all.py --only ch10  # just these stages (their earlier chapters are built if missing)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -23,64 +30,115 @@ sys.path.insert(0, str(ROOT))
 
 from llm_from_scratch.checkpoint import atomic_write_text, finished_run, quick_mode, runs_root  # noqa: E402
 
-# (script, run folder it writes)
+# (script, the run folder it writes, minutes its real run took on a 2-core CPU: the progress line's estimate)
 CHAPTERS = [
-    ("ch01_tokenizer.py", "tokenizer"),
-    ("ch02_attention.py", "attention"),
-    ("ch03_gpt.py", "gpt"),
-    ("ch04_pretrain.py", "pretrain"),
-    ("ch05_sft.py", "sft"),
-    ("ch06_reward_model.py", "reward_model"),
-    ("ch07_policy_gradient.py", "pg_word-problems_rloo"),
-    ("ch08_ppo.py", "ppo_stories"),
-    ("ch09_dpo.py", "dpo"),
+    ("ch01_tokenizer.py", "tokenizer", 0.2),
+    ("ch02_attention.py", "attention", 0.3),
+    ("ch03_gpt.py", "gpt", 0.3),
+    ("ch04_pretrain.py", "pretrain", 4.5),
+    ("ch05_sft.py", "sft", 6.5),
+    ("ch06_reward_model.py", "reward_model", 3.0),
+    ("ch07_policy_gradient.py", "pg_word-problems_rloo", 6.0),
+    ("ch08_ppo.py", "ppo_stories", 7.0),
+    ("ch09_dpo.py", "dpo", 4.0),
+    ("ch10_arena.py", "arena", 10.0),
 ]
+TIMES_FILE = "stage_times.json"  # in the runs folder: each stage's wall time when it last ran
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke-run every chapter (also LLMFS_QUICK=1)")
-    ap.add_argument("--quiet", action="store_true", help="no progress bars")
-    ap.add_argument("--only", nargs="*", metavar="chNN", help="run only these chapters (e.g. --only ch01)")
-    ap.add_argument("--keep-finished", action="store_true",
-                    help="keep every chapter whose run folder already holds a finished run (its summary.json) and run "
-                         "only the others: picks up after an interruption")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars inside the chapters")
+    ap.add_argument("--only", nargs="+", metavar="chNN", help="run only these chapters (e.g. --only ch01 ch02)")
+    ap.add_argument("--again", action="store_true", help="rerun every stage, even one that finished before")
     args = ap.parse_args()
+    unknown = [o for o in args.only or [] if not any(s.startswith(o) for s, _, _ in CHAPTERS)]
+    if unknown:
+        ap.error(f"--only {' '.join(unknown)}: no such chapter; choose from {', '.join(s[:4] for s, _, _ in CHAPTERS)}")
     quick = args.quick or quick_mode()
     env = dict(os.environ, LLMFS_QUICK="1" if quick else os.environ.get("LLMFS_QUICK", "0"))
     root = runs_root(quick)
+    root.mkdir(parents=True, exist_ok=True)
+    times_file = root / TIMES_FILE
+    times = json.loads(times_file.read_text(encoding="utf-8")) if times_file.is_file() else {}
 
-    sections, timings = [], []
-    for script, folder in CHAPTERS:
-        if args.only and not any(script.startswith(o) for o in args.only):
+    stages = [c for c in CHAPTERS if not args.only or any(c[0].startswith(o) for o in args.only)]
+    t0, ran_one, status = time.perf_counter(), False, {}
+    for k, (script, folder, minutes) in enumerate(stages, start=1):
+        done = finished_run(root / folder)
+        if done and bool(done.get("quick")) == quick and not args.again and not ran_one:
+            print(f"\n[{k}/{len(stages)}] {script}: keeping the finished run in {folder}/", flush=True)
+            status[script] = "kept"
             continue
-        if args.keep_finished and (done := finished_run(root / folder)) and bool(done.get("quick")) == quick:
-            print(f"\n=== {script}: keeping the finished run in {folder}/ ===", flush=True)
-            seconds = done.get("seconds", done.get("seconds_this_run"))  # training time, as the run recorded it
-            timings.append((script, "kept" + (f" (trained in {seconds:.0f} s)" if seconds else "")))
-        else:
-            timings.append((script, run_chapter(script, quick, args.quiet, env)))
-        fragment = root / folder / "report.md"
-        sections.append(fragment.read_text(encoding="utf-8") if fragment.exists() else f"## {script}\n\n(no report)\n")
+        left = sum(m for _, _, m in stages[k - 1:])
+        print(f"\n[{k}/{len(stages)}] === {script} === ({elapsed(time.perf_counter() - t0)} so far"
+              + ("" if quick else f"; about {left:.0f} min left on a 2-core CPU") + ")", flush=True)
+        times[script] = {"seconds": run_chapter(script, quick, args.quiet, env), "when": time.strftime("%Y-%m-%d %H:%M")}
+        atomic_write_text(times_file, json.dumps(times, indent=2))
+        status[script], ran_one = "ran", True
 
-    lines = ["# llm-from-scratch: course report", "",
-             f"{'Quick smoke run' if quick else 'Full run'} of {len(timings)} chapter(s), {time.strftime('%Y-%m-%d %H:%M')}.", "",
-             "| chapter | seconds |", "|---|---:|"]
-    lines += [f"| {s} | {t if isinstance(t, str) else f'{t:.0f}'} |" for s, t in timings] + [""]
-    atomic_write_text(root / "report.md", "\n".join(lines + sections))
-    print(f"\nreport: {root / 'report.md'}")
+    report = course_report(root, quick, stages, status, times, time.perf_counter() - t0)
+    atomic_write_text(root / "report.md", report)
+    print(f"\nthe course took {elapsed(time.perf_counter() - t0)} here; report: {root / 'report.md'}")
+
+
+def elapsed(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 def run_chapter(script: str, quick: bool, quiet: bool, env: dict) -> float:
     """Run one chapter script in its own process; its wall-clock seconds. Exits on failure."""
     cmd = [sys.executable, str(ROOT / "chapters" / script)] + (["--quick"] if quick else []) + (["--quiet"] if quiet else [])
-    print(f"\n=== {script} ===", flush=True)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env)
     if done.returncode != 0:
         sys.exit(f"run_all: {script} failed (exit code {done.returncode}); the chapters before it are saved in "
-                 f"{runs_root(quick)}; `python chapters/run_all.py --keep-finished` picks up from there")
+                 f"{runs_root(quick)}, and `python chapters/run_all.py{' --quick' if quick else ''}` picks up from there")
     return time.perf_counter() - t0
+
+
+def machine() -> str:
+    """The CPU (or GPU), its cores, the memory, and the versions: what the report's times were measured on."""
+    import torch  # here, not at the top: --help answers without loading torch
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+    try:
+        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2 ** 30:.0f} GiB"
+    except (ValueError, OSError, AttributeError):
+        memory = ""
+    gpu = f"; GPU: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return (f"{cpu}, {os.cpu_count()} cores{memory}{gpu}; {platform.system()}, Python {platform.python_version()}, "
+            f"torch {torch.__version__}")
+
+
+def course_report(root: Path, quick: bool, stages: list, status: dict, times: dict, seconds: float) -> str:
+    """runs/report.md: the machine and each stage's time, the arena's table and frontier, then every chapter's
+    section (its headline numbers, figures and sample responses)."""
+    rows = ["| | chapter | run folder | minutes | this time |", "|---:|---|---|---:|---|"]
+    total = 0.0
+    for k, (script, folder, _) in enumerate(stages, start=1):
+        s = times.get(script, {}).get("seconds")
+        total += s or 0.0
+        rows.append(f"| {k} | {script} | {folder}/ | {f'{s / 60:.1f}' if s else '—'} | "
+                    f"{status.get(script, '—')}{'' if status.get(script) == 'ran' else ' (time of its last run)' if s else ''} |")
+    rows.append(f"| | **all stages** | | **{total / 60:.1f}** | |")
+    lines = ["# llm-from-scratch: course report", "",
+             f"{'Quick smoke run' if quick else 'Full run'} of {len(stages)} chapter(s), finished "
+             f"{time.strftime('%Y-%m-%d %H:%M')}; this invocation took {seconds / 60:.1f} min.", "",
+             f"Machine: {machine()}.", "", "\n".join(rows), ""]
+    sections = []
+    for script, folder, _ in stages:
+        fragment = root / folder / "report.md"
+        text = fragment.read_text(encoding="utf-8") if fragment.exists() else f"## {script}\n\n(no report)\n"
+        sections.append(text)
+    arena = [s for (script, _, _), s in zip(stages, sections) if script.startswith("ch10")]
+    others = [s for (script, _, _), s in zip(stages, sections) if not script.startswith("ch10")]
+    return "\n".join(lines + arena + others)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llm_from_scratch import tinyworld
 from llm_from_scratch.generation import generate, sequence_logprobs
 from llm_from_scratch.model import GPT, eval_mode
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
@@ -307,3 +308,30 @@ def estimator_metrics(ro: Rollout, score: torch.Tensor, seq_kl: torch.Tensor, kl
         "completions/clipped_ratio": (~ro.ended).float().mean().item(),
         "frac_reward_zero_std": (groups.std(dim=1) == 0).float().mean().item() if ro.k > 1 else 0.0,
     }
+
+
+@torch.no_grad()
+def sampled_eval(policy: GPT, reference: GPT, tok: Tokenizer, examples: list[dict], n: int, temperature: float,
+                 max_new_tokens: int, proxy_fn: RewardFn | None, seed: int) -> dict:
+    """The held-out evaluation of chapters 7–10: n samples of every distinct held-out prompt at `temperature`, drawn
+    with the same random numbers at every call (so two checkpoints are compared on the same draws). Returns their
+    mean gold reward (tinyworld.gold_reward) with its standard error, the proxy's mean (proxy_fn; gold when None),
+    the KL to the reference per completion (k1 and k3, from these samples), the mean completion length in tokens
+    (EOS included), and every completion (sample j of prompt i at [i * n + j], as in gold_each)."""
+    by_prompt = {e["prompt"]: e for e in examples}
+
+    def gold_fn(prompts, completions):
+        return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
+
+    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(10_000 + seed)
+    ro = rollout(policy, reference, tok, list(by_prompt), n, proxy_fn or gold_fn, gold_fn, max_new_tokens,
+                 temperature, None, generator)
+    with eval_mode(policy):
+        logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, temperature) * ro.mask  # (B, T-1)
+    kl1, kl3 = masked_sum(kl_k1(logp, ro.ref_logp), ro.mask, 1), masked_sum(kl_k3(logp, ro.ref_logp), ro.mask, 1)  # (B,)
+    return {"gold": ro.gold.mean().item(), "gold_se": (ro.gold.std() / math.sqrt(ro.gold.numel())).item(),
+            "proxy": ro.rewards.mean().item(), "kl": kl1.mean().item(), "kl_k3": kl3.mean().item(), "n": ro.gold.numel(),
+            "length": ro.mask.sum(1).float().mean().item(),
+            "gold_each": ro.gold.tolist(), "proxy_each": ro.rewards.tolist(), "completions": ro.completions,
+            "samples": [{"prompt": p, "response": c, "gold": g} for p, c, g in
+                        zip(ro.prompts[::n][:6], ro.completions[::n][:6], ro.gold[::n][:6].tolist())]}

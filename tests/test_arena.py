@@ -1,13 +1,17 @@
-"""Best-of-N: its KL bound against an exact computation, and the sampler against plain sampling."""
+"""The arena: best-of-N (its KL bound against an exact computation, the sampler against plain sampling, the
+expected best-of-N against every subset), rejection-sampling fine-tuning, and the one evaluation."""
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from llm_from_scratch.arena import best_of_n, best_of_n_kl_bound
+from llm_from_scratch import tinyworld
+from llm_from_scratch.arena import (RFTConfig, best_of_n, best_of_n_curve, best_of_n_expected, best_of_n_kl_bound,
+                                    best_of_n_weights, distinct_n, evaluate, keep_top, rft_round, weights_digest)
 from llm_from_scratch.model import GPT, GPTConfig
-from llm_from_scratch.sft import answer
+from llm_from_scratch.sft import answer, response_logprobs
 from llm_from_scratch.tokenizer import Tokenizer
 
 
@@ -38,9 +42,9 @@ def tok():
     return Tokenizer.train(TEXT, 300)
 
 
-def tiny_gpt(tok):
+def tiny_gpt(tok, context_length=64):
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=32)).eval()
+    return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=context_length, n_layer=1, n_head=2, n_embd=32)).eval()
 
 
 def test_best_of_one_is_plain_sampling(tok):
@@ -61,3 +65,147 @@ def test_best_of_n_keeps_the_highest_score(tok):
         mine = [len(t) for t, _ in drawn[i * n:(i + 1) * n]]
         assert b["scores"] == [float(x) for x in mine] and b["score"] == max(mine)
         assert b["response"] == drawn[i * n + mine.index(max(mine))][0]  # the first of the longest
+
+
+# ----------------------------------------------------------------------------- best-of-N from M samples
+
+
+def brute_force_best_of_n(proxy: list[float], values: list[float], n: int) -> float:
+    """The mean, over every n-subset of the samples, of the value of the subset's highest-proxy sample."""
+    subsets = list(itertools.combinations(range(len(proxy)), n))
+    return sum(values[max(s, key=lambda i: proxy[i])] for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6])
+def test_best_of_n_expected_averages_every_subset(n):
+    g = torch.Generator().manual_seed(n)
+    proxy, gold = torch.randn(3, 6, generator=g), torch.rand(3, 6, generator=g)  # 3 prompts x 6 samples
+    got = best_of_n_expected(proxy, gold, n)
+    want = [brute_force_best_of_n(proxy[i].tolist(), gold[i].tolist(), n) for i in range(3)]
+    assert got.tolist() == pytest.approx(want, abs=1e-12)
+    assert best_of_n_weights(6, n).sum().item() == pytest.approx(1.0)
+
+
+def test_best_of_n_expected_ends():
+    proxy, gold = torch.tensor([[0.3, -1.0, 2.0, 0.1]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    assert best_of_n_expected(proxy, gold, 1).item() == pytest.approx(2.5)  # N = 1: the plain mean
+    assert best_of_n_expected(proxy, gold, 4).item() == pytest.approx(3.0)  # N = M: the highest proxy's gold
+    assert best_of_n_weights(4, 2).tolist() == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6])  # C(i-1, 1) / C(4, 2) by hand
+    with pytest.raises(ValueError):
+        best_of_n_weights(4, 5)
+
+
+def test_best_of_n_curve():
+    proxy = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    gold = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    one, two = best_of_n_curve(proxy, gold, [1, 2])
+    assert (one["n"], one["kl"], one["gold"], one["proxy"]) == (1, 0.0, pytest.approx(0.5), pytest.approx(0.5))
+    assert two["gold"] == pytest.approx(0.25) and two["proxy"] == pytest.approx(1.0)  # the proxy picks gold 0 and 0.5
+    assert two["kl"] == pytest.approx(math.log(2) - 0.5) and two["gold_se"] == pytest.approx(0.25)  # sample std 0.5/√2, over √2 prompts
+
+
+# ----------------------------------------------------------------------------- rejection-sampling fine-tuning
+
+
+def test_keep_top_keeps_exactly_the_top_fraction():
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.7], [3.0, 1.0, 2.0, 0.0], [1.0, 1.0, 0.0, 1.0]])
+    assert keep_top(scores, 0.5).tolist() == [[False, True, False, True], [True, False, True, False],
+                                              [True, True, False, False]]  # a tie keeps the one drawn first
+    assert keep_top(scores, 0.25).tolist() == [[False, True, False, False], [True, False, False, False],
+                                               [True, False, False, False]]
+    assert keep_top(scores, 0.01).sum(1).tolist() == [1, 1, 1]  # never nothing
+    assert keep_top(scores, 0.7).sum(1).tolist() == [3, 3, 3]  # 2.8 rounds to 3
+    assert keep_top(scores, 1.0).all()
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(50, 8, generator=g)
+    kept = keep_top(big, 0.375)
+    assert kept.sum(1).tolist() == [3] * 50
+    for row, k in zip(big, kept):
+        assert row[k].min() > row[~k].max()
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            keep_top(scores, bad)
+
+
+class Nudged(GPT):
+    """A random tiny GPT with a fixed vector added to its logits: one that ends a response often and never writes a
+    special token other than EOS, or one that writes a few words over and over."""
+
+    def forward(self, idx, attention_mask=None, kv_cache=None):
+        logits = super().forward(idx, attention_mask, kv_cache)  # (B, T, V)
+        return logits + self.nudge
+
+    @classmethod
+    def build(cls, tok, context_length=64, eos=1.5, favour=()):
+        torch.manual_seed(0)
+        model = cls(GPTConfig(vocab_size=tok.vocab_size, context_length=context_length, n_layer=1, n_head=2,
+                              n_embd=32)).eval()
+        model.nudge = torch.zeros(tok.vocab_size)
+        model.nudge[list(tok.special_tokens.values())] = -1e4
+        model.nudge[tok.eos_id] = eos
+        for word in favour:
+            model.nudge[tok.encode(word)] = 8.0
+        return model
+
+
+def test_rft_round_keeps_the_best_and_learns_them(tok):
+    model = Nudged.build(tok)
+    prompts = ["Tell a story.", "Add 2 and 3."]
+    cfg = RFTConfig(prompts=2, k=8, keep=0.25, epochs=3, batch_size=2, lr=3e-3, max_new_tokens=10)
+    score = lambda ps, rs: [float(r.count("a")) - 0.01 * len(r) for r in rs]  # noqa: E731
+    rows = [p for p in prompts for _ in range(cfg.k)]
+    drawn = answer(model, tok, rows, cfg.max_new_tokens, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    assert 0 < sum(e for _, e in drawn) < len(drawn)  # some samples ended, some were cut off
+    before = response_logprobs(model, tok, rows, [t for t, _ in drawn])[0]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    metrics, kept = rft_round(model, tok, prompts, score, cfg, optimizer, torch.Generator().manual_seed(3))
+    kept_rows = []
+    for i, p in enumerate(prompts):  # each prompt keeps its 2 best-scored samples among those that ended
+        mine = range(i * cfg.k, (i + 1) * cfg.k)
+        ended = [j for j in mine if drawn[j][1]]
+        best = sorted(ended, key=lambda j: -score([p], [drawn[j][0]])[0])[:2]
+        assert sorted(r["response"] for r in kept if r["prompt"] == p) == sorted(drawn[j][0] for j in best)
+        kept_rows += best
+    assert metrics["rft/kept"] == len(kept) == len(kept_rows)
+    after = response_logprobs(model, tok, rows, [t for t, _ in drawn])[0]
+    assert all(after[j] > before[j] for j in kept_rows)  # the kept responses became more likely
+    ended = [score([rows[j]], [t])[0] for j, (t, e) in enumerate(drawn) if e]
+    assert metrics["rft/reward_kept"] >= sum(ended) / len(ended)
+
+
+# ----------------------------------------------------------------------------- the evaluation
+
+
+def test_distinct_n_by_hand():
+    assert distinct_n(["a b a b"], 1) == 0.5  # {a, b} of 4 words
+    assert distinct_n(["a b a b"], 2) == pytest.approx(2 / 3)  # {ab, ba} of ab, ba, ab
+    assert distinct_n(["a b", "c d"], 2) == 1.0 and distinct_n(["a"], 2) == 0.0
+
+
+def test_evaluate_is_the_same_for_the_same_checkpoint_and_seed(tok):
+    world = tinyworld.generate_instructions(12, seed=1, tasks=("story", "word_problem"), split="val")
+    stories = [e.to_dict() for e in world if e.task == "story"][:3]
+    problems = [e.to_dict() for e in world if e.task == "word_problem"][:3]
+    assert stories and problems
+    reference = tiny_gpt(tok, 512)  # word problems are long prompts
+    policy = Nudged.build(tok, 512, eos=-2.0, favour=(" a", " kite", " time"))  # repeats itself: distinct-n well below 1
+    a = evaluate(policy, reference, tok, stories, problems, None, n=3, max_new_tokens=10, seed=4)
+    torch.manual_seed(123)  # the global random state must not matter
+    b = evaluate(policy, reference, tok, stories, problems, None, n=3, max_new_tokens=10, seed=4)
+    assert a == b and a["n"] == 3 * len({s["prompt"] for s in stories}) and a["kl_k3"] > 0  # k3 is never below 0
+    c = evaluate(policy, reference, tok, stories, problems, None, n=3, max_new_tokens=10, seed=5)
+    assert c["completions"] != a["completions"]  # another seed, other draws
+    same = evaluate(reference, reference, tok, stories, problems, None, n=3, max_new_tokens=10, seed=4)
+    assert same["kl"] == pytest.approx(0.0, abs=1e-5) and same["kl_k3"] == pytest.approx(0.0, abs=1e-5)
+    assert {"accuracy", "distinct_1", "distinct_2", "length", "proxy", "gold_se"} <= set(a)
+    assert (a["distinct_1"], a["distinct_2"]) == (distinct_n(a["completions"], 1), distinct_n(a["completions"], 2))
+    assert a["distinct_1"] < a["distinct_2"] < 1  # ~3 words: few distinct ones, more distinct pairs
+    assert a["gold"] == pytest.approx(sum(a["gold_each"]) / len(a["gold_each"]))
+
+
+def test_weights_digest(tok):
+    a, b = tiny_gpt(tok), tiny_gpt(tok)
+    assert weights_digest(a) == weights_digest(b)
+    with torch.no_grad():
+        b.lm_head.weight[0, 0] += 1e-6
+    assert weights_digest(a) != weights_digest(b)

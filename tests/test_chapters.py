@@ -23,7 +23,7 @@ def test_run_all_lists_every_chapter_script():
         import run_all
     finally:
         sys.path.pop(0)
-    assert [s for s, _ in run_all.CHAPTERS] == [s.name for s in SCRIPTS]
+    assert [s for s, _, _ in run_all.CHAPTERS] == [s.name for s in SCRIPTS]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
@@ -47,15 +47,23 @@ def test_run_all_quick(quick_env):
         assert (runs / folder / "report.md").is_file()
         assert json.loads((runs / folder / "summary.json").read_text())["quick"] is True
 
-    # picking up after an interruption: finished chapters are kept, the unfinished one runs again
-    (runs / "reward_model" / "summary.json").unlink()
-    again = subprocess.run([sys.executable, str(ROOT / "chapters" / "run_all.py"), "--quick", "--quiet", "--keep-finished"],
+    assert "Machine: " in report and "| **all stages** |" in report
+    assert report.index("## Chapter 10:") < report.index("## Chapter 1:")  # the arena's table comes first
+    arena = json.loads((runs / "arena" / "table.json").read_text())
+    assert {"SFT", "best-of-4", "RFT", "REINFORCE", "RLOO", "GRPO", "PPO", "DPO"} <= set(arena["table"])
+    assert (runs / "arena" / "frontier.png").is_file()
+
+    # picking up after an interruption: the finished chapters before the unfinished one are kept, and it and every
+    # chapter after it run again (they build on it)
+    (runs / "dpo" / "summary.json").unlink()
+    again = subprocess.run([sys.executable, str(ROOT / "chapters" / "run_all.py"), "--quick", "--quiet"],
                            capture_output=True, text=True, env=quick_env, timeout=1800)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    kept = [line for line in again.stdout.splitlines() if "keeping the finished run" in line]
-    assert len(kept) == len(SCRIPTS) - 1 and "=== ch06_reward_model.py ===" in again.stdout
-    assert (runs / "reward_model" / "summary.json").is_file()
-    assert (runs / "report.md").read_text().count("| kept") == len(SCRIPTS) - 1
+    kept = [line for line in again.stdout.splitlines() if "keeping the finished run" in line and line.startswith("[")]
+    assert len(kept) == len(SCRIPTS) - 2
+    assert "=== ch09_dpo.py ===" in again.stdout and "=== ch10_arena.py ===" in again.stdout
+    assert (runs / "dpo" / "summary.json").is_file()
+    assert (runs / "report.md").read_text().count("| kept (time of its last run) |") == len(SCRIPTS) - 2
 
 
 @pytest.mark.slow

@@ -1,0 +1,408 @@
+"""Chapter 10: the arena. Every method of chapters 5-9, and two that need no reward gradient, on the same held-out
+prompts, scored by one evaluation (llm_from_scratch/arena.py).
+
+The methods, each from chapter 5's SFT model:
+
+  SFT                   chapter 5's model itself (runs/sft)
+  best-of-N             N samples of the SFT model per prompt, the one the reward model likes best; N = 1, 2, 4 .. 64,
+                        from --bon-samples samples per held-out prompt (the expected best-of-N over all subsets)
+  RFT                   rejection-sampling fine-tuning: --rft-rounds rounds of sampling 8 stories per prompt, keeping
+                        each prompt's best by the reward model, and fine-tuning on those with the SFT loss
+  REINFORCE, RLOO, GRPO chapter 7's estimators against the reward model on stories, --rl-steps steps at T = 1.0
+                        (chapter 7's script, run by this one into runs/arena/<algo>/)
+  PPO                   chapter 8's default run (runs/ppo_stories)
+  DPO                   chapter 9's default run (runs/dpo)
+  RLOO (word problems)  chapter 7's default run, trained on the verifiable reward (runs/pg_word-problems_rloo)
+
+The evaluation, the same for every checkpoint: --eval-samples samples of each of the 132 held-out story prompts at
+T = 1.0 (the same random numbers for every checkpoint, and the same draws chapters 8 and 9 evaluate with): the gold
+reward ± s.e., the reward model's score (the proxy), the KL to the SFT model from those samples (k1 and k3), the mean
+length and distinct-1/2; and the greedy accuracy on the 136 held-out word problems. Best-of-N's KL is its analytic
+bound log N − (N − 1)/N. A checkpoint's evaluation is kept in runs/arena/eval/ under a hash of its weights, so a
+rerun evaluates only what changed.
+
+Writes runs/arena/: table.md and table.json (every method; the chapters' own recorded numbers beside the arena's where
+their settings match), frontier.png (gold and proxy against √KL: best-of-N as a curve, every RL run as its trajectory
+over training), best_of_n.json, samples.md (every method's answer to the same prompts), report.md and summary.json;
+runs/arena/rft/ (the RFT policy and its metrics) and runs/arena/<algo>/ (chapter 7's runs). Finished pieces are kept;
+--no-resume redoes them.
+
+    python chapters/ch10_arena.py            # runs (or reuses) every method, then the evaluation
+    python chapters/ch10_arena.py --quick    # a smoke run (also LLMFS_QUICK=1)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import ch07_policy_gradient as ch07  # chapter 7's script: its runs on stories, its data helpers
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+import matplotlib.pyplot as plt
+import torch
+from tqdm import tqdm
+
+from llm_from_scratch import tinyworld
+from llm_from_scratch.arena import (RFTConfig, best_of_n_curve, best_of_n_expected, distinct_n,
+                                    evaluate, rft_round, weights_digest)
+from llm_from_scratch.checkpoint import (append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode,
+                                         read_jsonl, require_real, runs_root, shown, start_run, write_summary)
+from llm_from_scratch.device import pick_device, seed_everything
+from llm_from_scratch.plots import save
+from llm_from_scratch.reward_model import RewardModel, reward_fn
+from llm_from_scratch.sft import answer
+from llm_from_scratch.tokenizer import Tokenizer
+from llm_from_scratch.train import load_gpt, save_gpt
+
+RL_ALGOS = {"REINFORCE": "reinforce-baseline", "RLOO": "rloo", "GRPO": "grpo"}  # label -> chapter 7's --algo
+CHAPTER_RUNS = {"PPO": "ppo_stories", "DPO": "dpo", "RLOO (word problems)": "pg_word-problems_rloo"}
+BON_SHOWN = (4, 16, 64)  # the best-of-N rows of the table (the frontier draws every power of 2)
+
+
+def parse_args(argv=None):
+    ap = cli.parser(__doc__)
+    ap.add_argument("--eval-samples", type=int, default=4,
+                    help="samples per held-out story prompt in the evaluation (default 4, as chapter 8)")
+    ap.add_argument("--bon-samples", type=int, default=64,
+                    help="best-of-N: samples of the SFT model per held-out prompt; N runs over 1, 2, 4 .. this (default 64)")
+    ap.add_argument("--rl-steps", type=int, default=100, help="REINFORCE, RLOO and GRPO: steps on stories (default 100)")
+    ap.add_argument("--rl-eval-interval", type=int, default=25,
+                    help="REINFORCE, RLOO and GRPO: steps between held-out evaluations (default 25)")
+    ap.add_argument("--rft-rounds", type=int, default=4, help="RFT: sample-keep-fine-tune rounds (default 4)")
+    ap.add_argument("--rft-prompts", type=int, default=128, help="RFT: fresh story prompts per round (default 128)")
+    ap.add_argument("--rft-k", type=int, default=8, help="RFT: samples per prompt (default 8)")
+    ap.add_argument("--rft-keep", type=float, default=0.125,
+                    help="RFT: the fraction of each prompt's samples kept (default 0.125: the best of 8)")
+    ap.add_argument("--rft-lr", type=float, default=3e-5, help="RFT: AdamW learning rate (default 3e-5)")
+    ap.add_argument("--no-resume", action="store_true",
+                    help="redo every piece (RL runs, RFT, best-of-N samples, evaluations) even if runs/arena holds it")
+    cli.add_common_args(ap, "arena")
+    cli.add_prerequisite_arg(ap)
+    args = ap.parse_args(argv)
+    args.quick = args.quick or quick_mode()
+    for flag in ("eval_samples", "bon_samples", "rl_steps", "rl_eval_interval", "rft_rounds", "rft_prompts", "rft_k"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be ≥ 1")
+    if not 0 < args.rft_keep <= 1:
+        ap.error("--rft-keep must be in (0, 1]")
+    if args.quick:
+        args.eval_samples, args.bon_samples, args.rl_steps, args.rl_eval_interval = 2, 4, 4, 2
+        args.rft_rounds, args.rft_prompts, args.rft_k = 2, 4, 4
+    args.max_new_tokens = 24 if args.quick else 128
+    return args
+
+
+# ----------------------------------------------------------------------------- the methods that train
+
+
+def rl_runs(args, root: Path, out: Path) -> dict[str, Path]:
+    """REINFORCE, RLOO and GRPO on stories against the reward model, by chapter 7's script (kept when finished)."""
+    folders = {}
+    for label, algo in RL_ALGOS.items():
+        folder = out / algo
+        argv = ["--task", "stories", "--algo", algo, "--temperature", "1.0", "--steps", str(args.rl_steps),
+                "--eval-interval", str(args.rl_eval_interval), "--eval-samples", str(args.eval_samples),
+                "--seed", str(args.seed), "--out", str(folder), "--device", args.device]
+        argv += (["--quick"] if args.quick else []) + (["--quiet"] if args.quiet else []) + (
+            ["--no-build"] if args.no_build else []) + (["--no-resume"] if args.no_resume else [])
+        ch07_args = ch07.parse_args(argv)
+        if ch07.finished_seed(ch07_args, folder, args.seed) is None:
+            print(f"\n--- {label}: python chapters/ch07_policy_gradient.py {' '.join(argv)}", flush=True)
+            ch07.main(argv)
+        folders[label] = folder
+    return folders
+
+
+def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stories: list[dict], device) -> Path:
+    """Rejection-sampling fine-tuning from the SFT model into out; after every round, the held-out evaluation."""
+    cfg = RFTConfig(rounds=args.rft_rounds, prompts=args.rft_prompts, k=args.rft_k, keep=args.rft_keep, lr=args.rft_lr,
+                    max_new_tokens=args.max_new_tokens)
+    done = finished_run(out)
+    if done and not args.no_resume and done.get("config") == vars(cfg) and done.get("seed") == args.seed:
+        print(f"RFT: keeping the finished run in {shown(out)}")
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    start_run(out)
+    seed_everything(args.seed)
+    policy = load_gpt(sft, device=device, vocab_size=tok.vocab_size, dropout=0.0)
+    reference = load_gpt(sft, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    by_prompt = {p["prompt"]: p for p in stories_rl}
+    print(f"RFT: {cfg.rounds} rounds of {cfg.prompts} prompts x {cfg.k} samples, keeping the top {cfg.keep:.0%} of each "
+          f"prompt's by the reward model, {cfg.epochs} epochs of the SFT loss on them at lr {cfg.lr:g}")
+
+    def held_out(step: int, extra: dict) -> None:
+        result = evaluate(policy, reference, tok, stories, [], rm_fn, args.eval_samples, 1.0, args.max_new_tokens,
+                          args.seed)
+        append_metrics(out / "metrics.jsonl", {"step": step, **extra,
+                                               **{f"eval/{k}": result[k] for k in ("gold", "gold_se", "proxy", "kl", "kl_k3")}})
+
+    t0 = time.perf_counter()
+    held_out(0, {})
+    bar = tqdm(range(cfg.rounds), desc="rft", unit="round", disable=args.quiet, dynamic_ncols=True)
+    for r in bar:
+        prompts = [p["prompt"] for p in stories_rl[r * cfg.prompts:(r + 1) * cfg.prompts]]
+        metrics, kept = rft_round(policy, tok, prompts, rm_fn, cfg, optimizer, generator)
+        gold = [tinyworld.gold_reward(by_prompt[k["prompt"]], k["response"]) for k in kept]
+        metrics["rft/gold_kept"] = sum(gold) / max(1, len(gold))
+        held_out(r + 1, metrics)
+        bar.set_postfix(kept=f"{metrics['rft/reward_kept']:+.2f}", loss=f"{metrics['loss/sft']:.3f}")
+    seconds = time.perf_counter() - t0
+    save_gpt(policy, out)
+    tok.save(out)
+    write_summary(out, {"config": vars(cfg), "seed": args.seed, "seconds": seconds, "prompts_used": cfg.rounds * cfg.prompts},
+                  args.quick)
+    return out
+
+
+def best_of_n_samples(args, out: Path, sft, tok, rm_fn, stories: list[dict]) -> dict:
+    """--bon-samples samples of the SFT model for every held-out story prompt, each with its proxy and gold score."""
+    file = out / "best_of_n.json"
+    settings = {"samples": args.bon_samples, "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
+                "seed": args.seed, "sft": weights_digest(sft)}
+    if file.is_file() and not args.no_resume:
+        kept = json.loads(file.read_text(encoding="utf-8"))
+        if kept["settings"] == settings:
+            print(f"best-of-N: keeping the {args.bon_samples} samples per prompt in {shown(file)}")
+            return kept
+    by_prompt = {e["prompt"]: e for e in stories}
+    prompts, m = list(by_prompt), args.bon_samples
+    t0 = time.perf_counter()
+    generator = torch.Generator(device=next(sft.parameters()).device).manual_seed(20_000 + args.seed)
+    texts, lengths = [], []
+    bar = tqdm(range(0, len(prompts), 8), desc="best-of-N samples", unit="prompt", unit_scale=8, disable=args.quiet,
+               dynamic_ncols=True)
+    for i in bar:  # 8 prompts x m samples at a time
+        chunk = [p for p in prompts[i:i + 8] for _ in range(m)]
+        drawn = answer(sft, tok, chunk, args.max_new_tokens, temperature=1.0, generator=generator)
+        texts += [t for t, _ in drawn]
+        lengths += [len(tok.encode(t, allowed_special="all")) + int(e) for t, e in drawn]
+    repeated = [p for p in prompts for _ in range(m)]
+    proxy = torch.as_tensor(rm_fn(repeated, texts)).view(len(prompts), m)
+    gold = torch.tensor([tinyworld.gold_reward(by_prompt[p], t) for p, t in zip(repeated, texts)]).view(len(prompts), m)
+    result = {"settings": settings, "prompts": prompts, "texts": texts, "proxy": proxy.tolist(), "gold": gold.tolist(),
+              "lengths": lengths, "seconds": time.perf_counter() - t0}
+    atomic_write_text(file, json.dumps(result))
+    return result
+
+
+def best_of_n_rows(bon: dict) -> tuple[list[dict], dict[int, dict]]:
+    """The best-of-N curve (N = 1, 2, 4 .. M) and, for the table's N, rows shaped like an evaluation."""
+    proxy, gold = torch.tensor(bon["proxy"]), torch.tensor(bon["gold"])  # (P, M) each
+    m = proxy.size(1)
+    ns = [2 ** i for i in range(int(math.log2(m)) + 1)]
+    curve = best_of_n_curve(proxy, gold, ns)
+    lengths = torch.tensor(bon["lengths"], dtype=torch.float64).view_as(proxy)
+    rows = {}
+    for n in [n for n in BON_SHOWN if n <= m]:
+        point = next(c for c in curve if c["n"] == n)
+        picked = proxy[:, :n].argmax(dim=1)  # one realisation (the first n samples) for the texts' diversity
+        texts = [bon["texts"][i * m + int(j)] for i, j in enumerate(picked)]
+        rows[n] = {"gold": point["gold"], "gold_se": point["gold_se"], "proxy": point["proxy"], "kl": point["kl"],
+                   "kl_k3": None, "length": best_of_n_expected(proxy, lengths, n).mean().item(),
+                   "distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2), "texts": texts,
+                   "n": proxy.size(0)}
+    return curve, rows
+
+
+# ----------------------------------------------------------------------------- one evaluation for every checkpoint
+
+
+def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, rm_fn, stories, problems, device) -> dict:
+    """evaluate() of the checkpoint in `folder`, kept in out/eval/<name>.json under its weights' hash and settings."""
+    policy = load_gpt(folder, device=device, vocab_size=tok.vocab_size, dropout=0.0)
+    key = {"weights": weights_digest(policy), "eval_samples": args.eval_samples, "temperature": 1.0,
+           "max_new_tokens": args.max_new_tokens, "seed": args.seed, "reference": weights_digest(reference)}
+    file = out / "eval" / f"{name.replace(' ', '_').replace('(', '').replace(')', '')}.json"
+    if file.is_file() and not args.no_resume:
+        kept = json.loads(file.read_text(encoding="utf-8"))
+        if kept["key"] == key:
+            return kept["result"]
+    t0 = time.perf_counter()
+    result = evaluate(policy, reference, tok, stories, problems, rm_fn, args.eval_samples, 1.0, args.max_new_tokens,
+                      args.seed)
+    result = {k: v for k, v in result.items() if k not in ("samples", "gold_each", "proxy_each")}
+    result["seconds"] = time.perf_counter() - t0
+    atomic_write_text(file, json.dumps({"key": key, "folder": shown(folder), "result": result}))
+    print(f"  {name}: evaluated in {result['seconds']:.0f} s")
+    return result
+
+
+def chapter_numbers(name: str, folder: Path, args) -> dict | None:
+    """What the chapter's own run recorded at its end, where its evaluation had the arena's settings."""
+    file = folder / "eval.json"
+    if not file.is_file():
+        return None
+    e = json.loads(file.read_text(encoding="utf-8"))
+    if name == "RLOO (word problems)":
+        return {"accuracy": e["after"]["gold"]}  # chapter 7's greedy accuracy on the same held-out problems
+    after = e["after"].get("sampled", e["after"]) if name in RL_ALGOS else e["after"]
+    n_per_prompt = e.get("eval_samples", e.get("config", {}).get("eval_samples", args.eval_samples))
+    if name == "PPO":
+        n_per_prompt = 4 if e.get("temperature") == 1.0 else None  # chapter 8's default: 4 samples at T = 1
+    if n_per_prompt != args.eval_samples:
+        return None
+    return {k: after[k] for k in ("gold", "kl") if k in after}
+
+
+# ----------------------------------------------------------------------------- figure, table, samples
+
+
+def trajectory(name: str, folder: Path) -> list[tuple[float, float, float]]:
+    """(KL, gold, proxy) at each held-out evaluation of a run's metrics.jsonl (step 0: the SFT model, KL 0)."""
+    gold_key = "eval/sampled_gold" if name in RL_ALGOS else "eval/gold"
+    proxy_key = "eval/sampled_proxy" if name in RL_ALGOS else "eval/proxy"
+    points = []
+    for r in read_jsonl(folder / "metrics.jsonl"):
+        if gold_key in r and ("eval/kl" in r or r.get("step") == 0):
+            points.append((r.get("eval/kl", 0.0), r[gold_key], r.get(proxy_key, float("nan"))))
+    return points
+
+
+COLORS = {"SFT": "black", "RFT": "C1", "REINFORCE": "C2", "RLOO": "C0", "GRPO": "C4", "PPO": "C3", "DPO": "C5",
+          "RLOO (word problems)": "C7"}
+
+
+def frontier_figure(out: Path, table: dict, curve: list[dict], trajectories: dict) -> None:
+    """Gold (left) and proxy (right) against √KL: best-of-N as a curve, each trained method as its trajectory."""
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), constrained_layout=True)
+    for ax, key in zip(axes, ("gold", "proxy")):
+        x = [math.sqrt(c["kl"]) for c in curve]
+        ax.plot(x, [c[key] for c in curve], "k--", marker=".", label="best-of-N (N = 1, 2, 4 ..; KL bound)")
+        for c in curve:
+            if c["n"] in (4, 16, 64):
+                ax.annotate(f"N={c['n']}", (math.sqrt(c["kl"]), c[key]), fontsize=7, xytext=(3, -10), textcoords="offset points")
+        for name, points in trajectories.items():
+            kl = [math.sqrt(max(p[0], 0.0)) for p in points]
+            ys = [p[1] if key == "gold" else p[2] for p in points]
+            ax.plot(kl, ys, marker="o", ms=3, alpha=0.8, color=COLORS.get(name), label=f"{name} (over training)")
+        for name, row in table.items():
+            if name.startswith("best-of") or name in trajectories:
+                continue
+            ax.errorbar([math.sqrt(max(row["kl"], 0.0))], [row[key]], yerr=[row["gold_se"]] if key == "gold" else None,
+                        marker="s", color=COLORS.get(name), capsize=3, label=name)
+        ax.set(xlabel="√KL to the SFT model (√nats per story; best-of-N: its bound)",
+               ylabel="gold reward (held out, sampled)" if key == "gold" else "reward model score (the proxy)",
+               title="Gold reward against √KL" if key == "gold" else "Proxy against √KL: what each method optimised")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower left")
+    save(fig, out / "frontier.png")
+
+
+def table_markdown(table: dict, seconds: dict, matches: dict) -> str:
+    lines = ["| method | gold ± s.e. | proxy (RM) | KL k1 | KL k3 | word problems (greedy) | length | distinct-2 | "
+             "training time |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in table.items():
+        kl3 = "—" if r.get("kl_k3") is None else f"{r['kl_k3']:.2f}"
+        acc = f"{r['accuracy']:.1%} ± {r['accuracy_se']:.1%}" if "accuracy" in r else "—"
+        kl = f"{r['kl']:.2f}" + (" (bound)" if name.startswith("best-of") else "")
+        t = seconds.get(name)
+        lines.append(f"| {name} | {r['gold']:.3f} ± {r['gold_se']:.3f} | {r['proxy']:+.3f} | {kl} | {kl3} | {acc} | "
+                     f"{r['length']:.1f} | {r['distinct_2']:.3f} | {t if isinstance(t, str) else f'{t / 60:.1f} min' if t else '—'} |")
+    agree = [f"{name}: {', '.join(f'{k} {v:.3f} (chapter) vs {table[name][k]:.3f} (arena)' for k, v in m.items())}"
+             for name, m in matches.items() if m]
+    return "\n".join(lines) + ("\n\nThe chapters' own records, where their evaluation had these settings: "
+                               + "; ".join(agree) + "." if agree else "")
+
+
+def samples_markdown(table: dict, texts: dict, prompts: list[str], n: int = 3) -> str:
+    """Every method's first sample for each of the first n held-out prompts, one table."""
+    cell = lambda s: s.replace("\n", " ").replace("|", "/")[:260]  # noqa: E731
+    rows = ["| prompt | method | response |", "|---|---|---|"]
+    for i, p in enumerate(prompts[:n]):
+        rows += [f"| {cell(p) if j == 0 else ''} | {name} | {cell(texts[name][i])} |"
+                 for j, name in enumerate(name for name in table if name in texts)]
+    return "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    root = runs_root(args.quick)
+    out = args.out or root / "arena"
+    device = pick_device(args.device)
+    t_start = time.perf_counter()
+    build = not args.no_build
+    sft_dir = prerequisite("sft", args.quick, build=build)
+    rm_dir = prerequisite("reward_model", args.quick, build=build)
+    chapter_dirs = {name: prerequisite(stage, args.quick, build=build) for name, stage in CHAPTER_RUNS.items()}
+    for folder in (sft_dir, rm_dir, *chapter_dirs.values()):
+        require_real(folder, args.quick)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").unlink(missing_ok=True)
+
+    tok = Tokenizer.load(sft_dir)
+    sft = load_gpt(sft_dir, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
+    rm = RewardModel.load(rm_dir, device=device, vocab_size=tok.vocab_size).requires_grad_(False)
+    rm_fn = reward_fn(rm, tok)
+    inputs = {"sft": weights_digest(sft), "reward_model": weights_digest(rm)}
+    if (out / "inputs.json").is_file() and json.loads((out / "inputs.json").read_text(encoding="utf-8")) != inputs:
+        print("the SFT model or the reward model changed since the arena last ran: its RL and RFT runs start over")
+        for stale in ("rft", *RL_ALGOS.values()):
+            shutil.rmtree(out / stale, ignore_errors=True)
+    atomic_write_text(out / "inputs.json", json.dumps(inputs))
+
+    # the methods this chapter trains: REINFORCE, RLOO, GRPO on stories (chapter 7's script), then RFT
+    rl_dirs = rl_runs(args, root, out)
+    stories_rl, stories, _, _ = ch07.task_data("stories", args.quick, 1000)
+    problems = ch07.task_data("word-problems", args.quick, 1000)[1]
+    print(f"\n--- RFT and best-of-N ({len({s['prompt'] for s in stories})} held-out story prompts, {len(problems)} "
+          f"held-out word problems)", flush=True)
+    rft_dir = rft_run(args, out / "rft", sft_dir, tok, rm_fn, stories_rl, stories, device)
+    bon = best_of_n_samples(args, out, sft, tok, rm_fn, stories)
+    curve, bon_rows = best_of_n_rows(bon)
+
+    # one evaluation for every checkpoint
+    checkpoints = {"SFT": sft_dir, "RFT": rft_dir, **rl_dirs, **chapter_dirs}
+    print(f"\n--- the evaluation: {args.eval_samples} samples of each held-out story prompt at T = 1.0, greedy word "
+          f"problems; {len(checkpoints)} checkpoints", flush=True)
+    table, texts = {}, {}
+    for name, folder in checkpoints.items():
+        table[name] = cached_evaluation(args, out, name, folder, sft, tok, rm_fn, stories, problems, device)
+        texts[name] = table[name]["completions"][::args.eval_samples]  # sample 0 of each prompt
+        if name == "SFT":
+            for n, row in bon_rows.items():
+                table[f"best-of-{n}"] = row
+                texts[f"best-of-{n}"] = row["texts"]
+    order = ["SFT"] + [f"best-of-{n}" for n in bon_rows] + ["RFT", *RL_ALGOS, "PPO", "DPO", "RLOO (word problems)"]
+    table = {k: table[k] for k in order}
+
+    # the chapters' own numbers, and what each method cost
+    matches = {name: chapter_numbers(name, folder, args) for name, folder in {**rl_dirs, **chapter_dirs}.items()}
+    seconds = {name: (finished_run(folder) or {}).get("seconds") for name, folder in
+               {"RFT": rft_dir, **rl_dirs, **chapter_dirs}.items()}
+    for n in bon_rows:
+        seconds[f"best-of-{n}"] = f"none ({n} samples per answer)"
+    trajectories = {name: trajectory(name, folder) for name, folder in {"RFT": rft_dir, **rl_dirs, "PPO": chapter_dirs["PPO"],
+                                                                       "DPO": chapter_dirs["DPO"]}.items()}
+    frontier_figure(out, table, curve, trajectories)
+    text = table_markdown(table, seconds, matches)
+    print("\n" + text)
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("completions", "texts")}  # noqa: E731
+    result = {"table": {k: strip(v) for k, v in table.items()}, "best_of_n": curve, "chapter_numbers": matches,
+              "trajectories": trajectories, "seconds": {k: v for k, v in seconds.items() if not isinstance(v, str)},
+              "eval_samples": args.eval_samples, "story_prompts": len({s["prompt"] for s in stories}),
+              "word_problems": len(problems), "seed": args.seed, "device": str(device)}
+    atomic_write_text(out / "table.json", json.dumps(result, indent=2))
+    atomic_write_text(out / "table.md", text + "\n")
+    atomic_write_text(out / "samples.md", samples_markdown(table, texts, bon["prompts"]))
+    wall = time.perf_counter() - t_start
+    atomic_write_text(out / "report.md", "\n".join([
+        "## Chapter 10: the arena", "",
+        f"Every checkpoint scored by one evaluation: {args.eval_samples} samples of each of the {result['story_prompts']} "
+        f"held-out story prompts at T = 1.0 (gold ± s.e., the reward model's score, the KL to the SFT model from the "
+        f"samples, length, distinct-2) and greedy answers to the {len(problems)} held-out word problems. Best-of-N "
+        f"from {args.bon_samples} samples per prompt; its KL is the bound log N − (N − 1)/N.", "", text, "",
+        f"![frontier]({out.name}/frontier.png)", "", "Every method's first sample for the same prompts:", "",
+        samples_markdown(table, texts, bon["prompts"], 2)]))
+    write_summary(out, {"seconds": wall, "table": result["table"]}, args.quick)
+    print(f"\nthe arena took {wall / 60:.1f} min; wrote {shown(out)}/table.md, frontier.png, samples.md, report.md")
+    return result
+
+
+if __name__ == "__main__":
+    cli.run(main)
