@@ -33,6 +33,7 @@ runs/arena/rft/ (the RFT policy and its metrics) and runs/arena/<algo>/ (chapter
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -92,6 +93,7 @@ def parse_args(argv=None):
         args.eval_samples, args.bon_samples, args.rl_steps, args.rl_eval_interval = 2, 4, 4, 2
         args.rft_rounds, args.rft_prompts, args.rft_k = 2, 4, 4
     args.max_new_tokens = 24 if args.quick else 128
+    args.eval_examples = 8 if args.quick else 1000  # held-out examples per task: chapters 7 and 8 use the same
     return args
 
 
@@ -216,8 +218,10 @@ def best_of_n_rows(bon: dict) -> tuple[list[dict], dict[int, dict]]:
 def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, rm_fn, stories, problems, device) -> dict:
     """evaluate() of the checkpoint in `folder`, kept in out/eval/<name>.json under its weights' hash and settings."""
     policy = load_gpt(folder, device=device, vocab_size=tok.vocab_size, dropout=0.0)
+    asked = "\n".join([e["prompt"] for e in stories] + [e["prompt"] for e in problems])
     key = {"weights": weights_digest(policy), "eval_samples": args.eval_samples, "temperature": 1.0,
-           "max_new_tokens": args.max_new_tokens, "seed": args.seed, "reference": weights_digest(reference)}
+           "max_new_tokens": args.max_new_tokens, "seed": args.seed, "reference": weights_digest(reference),
+           "prompts": hashlib.sha256(asked.encode()).hexdigest()[:16]}
     file = out / "eval" / f"{name.replace(' ', '_').replace('(', '').replace(')', '')}.json"
     if file.is_file() and not args.no_resume:
         kept = json.loads(file.read_text(encoding="utf-8"))
@@ -233,19 +237,17 @@ def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, 
     return result
 
 
-def chapter_numbers(name: str, folder: Path, args) -> dict | None:
-    """What the chapter's own run recorded at its end, where its evaluation had the arena's settings."""
+def chapter_numbers(name: str, folder: Path, arena_row: dict) -> dict | None:
+    """What the chapter's own run recorded at its end, where its evaluation drew as many samples as the arena's
+    (the same prompts, samples per prompt and seed: then the numbers must agree)."""
     file = folder / "eval.json"
     if not file.is_file():
         return None
     e = json.loads(file.read_text(encoding="utf-8"))
-    if name == "RLOO (word problems)":
-        return {"accuracy": e["after"]["gold"]}  # chapter 7's greedy accuracy on the same held-out problems
-    after = e["after"].get("sampled", e["after"]) if name in RL_ALGOS else e["after"]
-    n_per_prompt = e.get("eval_samples", e.get("config", {}).get("eval_samples", args.eval_samples))
-    if name == "PPO":
-        n_per_prompt = 4 if e.get("temperature") == 1.0 else None  # chapter 8's default: 4 samples at T = 1
-    if n_per_prompt != args.eval_samples:
+    if name == "RLOO (word problems)":  # chapter 7's greedy accuracy on the same held-out problems
+        return {"accuracy": e["after"]["gold"]} if e["after"]["n"] == arena_row.get("problems") else None
+    after = e["after"].get("sampled", {}) if name in RL_ALGOS else e["after"]
+    if after.get("n") != arena_row["n"]:
         return None
     return {k: after[k] for k in ("gold", "kl") if k in after}
 
@@ -269,7 +271,8 @@ COLORS = {"SFT": "black", "RFT": "C1", "REINFORCE": "C2", "RLOO": "C0", "GRPO": 
 
 
 def frontier_figure(out: Path, table: dict, curve: list[dict], trajectories: dict) -> None:
-    """Gold (left) and proxy (right) against √KL: best-of-N as a curve, each trained method as its trajectory."""
+    """Gold (left) and proxy (right) against √KL: best-of-N as a curve, each trained method as its trajectory (the
+    evaluations its run recorded) ending at the square where the arena scored its final checkpoint."""
     fig, axes = plt.subplots(1, 2, figsize=(14, 5), constrained_layout=True)
     for ax, key in zip(axes, ("gold", "proxy")):
         x = [math.sqrt(c["kl"]) for c in curve]
@@ -281,11 +284,12 @@ def frontier_figure(out: Path, table: dict, curve: list[dict], trajectories: dic
             kl = [math.sqrt(max(p[0], 0.0)) for p in points]
             ys = [p[1] if key == "gold" else p[2] for p in points]
             ax.plot(kl, ys, marker="o", ms=3, alpha=0.8, color=COLORS.get(name), label=f"{name} (over training)")
-        for name, row in table.items():
-            if name.startswith("best-of") or name in trajectories:
+        for name, row in table.items():  # every checkpoint as the arena scored it (± 1 s.e. of the gold reward)
+            if name.startswith("best-of"):
                 continue
             ax.errorbar([math.sqrt(max(row["kl"], 0.0))], [row[key]], yerr=[row["gold_se"]] if key == "gold" else None,
-                        marker="s", color=COLORS.get(name), capsize=3, label=name)
+                        marker="s", ms=7, color=COLORS.get(name), capsize=3, ls="none",
+                        label=None if name in trajectories else name)
         ax.set(xlabel="√KL to the SFT model (√nats per story; best-of-N: its bound)",
                ylabel="gold reward (held out, sampled)" if key == "gold" else "reward model score (the proxy)",
                title="Gold reward against √KL" if key == "gold" else "Proxy against √KL: what each method optimised")
@@ -294,16 +298,33 @@ def frontier_figure(out: Path, table: dict, curve: list[dict], trajectories: dic
     save(fig, out / "frontier.png")
 
 
-def table_markdown(table: dict, seconds: dict, matches: dict) -> str:
+HELD = {"RFT": ("policy", "reward model"), "REINFORCE": ("policy", "reference", "reward model"),
+        "RLOO": ("policy", "reference", "reward model"), "GRPO": ("policy", "reference", "reward model"),
+        "RLOO (word problems)": ("policy", "reference")}  # the networks each method holds while it trains
+
+
+def weights_held(name: str, folder: Path | None, sizes: dict[str, int]) -> dict[str, int] | None:
+    """Bytes of each network a method holds while training: recorded by chapters 8 and 9, else from HELD."""
+    file = folder / "eval.json" if folder else None
+    if file and file.is_file() and "weights_held" in (e := json.loads(file.read_text(encoding="utf-8"))):
+        return {k: v["bytes"] for k, v in e["weights_held"].items()}
+    if name.startswith("best-of"):
+        return {"policy": sizes["policy"], "reward model": sizes["reward model"]}  # at answer time, nothing trained
+    return {k: sizes["policy" if k == "reference" else k] for k in HELD[name]} if name in HELD else None
+
+
+def table_markdown(table: dict, seconds: dict, matches: dict, held: dict) -> str:
     lines = ["| method | gold ± s.e. | proxy (RM) | KL k1 | KL k3 | word problems (greedy) | length | distinct-2 | "
-             "training time |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "training time | weights held |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in table.items():
         kl3 = "—" if r.get("kl_k3") is None else f"{r['kl_k3']:.2f}"
         acc = f"{r['accuracy']:.1%} ± {r['accuracy_se']:.1%}" if "accuracy" in r else "—"
         kl = f"{r['kl']:.2f}" + (" (bound)" if name.startswith("best-of") else "")
-        t = seconds.get(name)
+        t, h = seconds.get(name), held.get(name)
+        h = f"{sum(h.values()) / 2 ** 20:.1f} MiB: {', '.join(h)}" if h else "—"
         lines.append(f"| {name} | {r['gold']:.3f} ± {r['gold_se']:.3f} | {r['proxy']:+.3f} | {kl} | {kl3} | {acc} | "
-                     f"{r['length']:.1f} | {r['distinct_2']:.3f} | {t if isinstance(t, str) else f'{t / 60:.1f} min' if t else '—'} |")
+                     f"{r['length']:.1f} | {r['distinct_2']:.3f} | {t if isinstance(t, str) else f'{t / 60:.1f} min' if t else '—'} "
+                     f"| {h} |")
     agree = [f"{name}: {', '.join(f'{k} {v:.3f} (chapter) vs {table[name][k]:.3f} (arena)' for k, v in m.items())}"
              for name, m in matches.items() if m]
     return "\n".join(lines) + ("\n\nThe chapters' own records, where their evaluation had these settings: "
@@ -348,8 +369,8 @@ def main(argv=None) -> dict:
 
     # the methods this chapter trains: REINFORCE, RLOO, GRPO on stories (chapter 7's script), then RFT
     rl_dirs = rl_runs(args, root, out)
-    stories_rl, stories, _, _ = ch07.task_data("stories", args.quick, 1000)
-    problems = ch07.task_data("word-problems", args.quick, 1000)[1]
+    stories_rl, stories, _, _ = ch07.task_data("stories", args.quick, args.eval_examples)
+    problems = ch07.task_data("word-problems", args.quick, args.eval_examples)[1]
     print(f"\n--- RFT and best-of-N ({len({s['prompt'] for s in stories})} held-out story prompts, {len(problems)} "
           f"held-out word problems)", flush=True)
     rft_dir = rft_run(args, out / "rft", sft_dir, tok, rm_fn, stories_rl, stories, device)
@@ -372,19 +393,24 @@ def main(argv=None) -> dict:
     table = {k: table[k] for k in order}
 
     # the chapters' own numbers, and what each method cost
-    matches = {name: chapter_numbers(name, folder, args) for name, folder in {**rl_dirs, **chapter_dirs}.items()}
+    matches = {name: chapter_numbers(name, folder, table[name]) for name, folder in {**rl_dirs, **chapter_dirs}.items()}
     seconds = {name: (finished_run(folder) or {}).get("seconds") for name, folder in
                {"RFT": rft_dir, **rl_dirs, **chapter_dirs}.items()}
     for n in bon_rows:
         seconds[f"best-of-{n}"] = f"none ({n} samples per answer)"
     trajectories = {name: trajectory(name, folder) for name, folder in {"RFT": rft_dir, **rl_dirs, "PPO": chapter_dirs["PPO"],
                                                                        "DPO": chapter_dirs["DPO"]}.items()}
+    sizes = {"policy": sum(p.numel() * p.element_size() for p in sft.parameters()),
+             "reward model": sum(p.numel() * p.element_size() for p in rm.parameters())}
+    folders = {"RFT": rft_dir, **rl_dirs, **chapter_dirs}
+    held = {name: weights_held(name, folders.get(name), sizes) for name in table if name != "SFT"}
     frontier_figure(out, table, curve, trajectories)
-    text = table_markdown(table, seconds, matches)
+    text = table_markdown(table, seconds, matches, held)
     print("\n" + text)
     strip = lambda r: {k: v for k, v in r.items() if k not in ("completions", "texts")}  # noqa: E731
     result = {"table": {k: strip(v) for k, v in table.items()}, "best_of_n": curve, "chapter_numbers": matches,
               "trajectories": trajectories, "seconds": {k: v for k, v in seconds.items() if not isinstance(v, str)},
+              "weights_held": held,
               "eval_samples": args.eval_samples, "story_prompts": len({s["prompt"] for s in stories}),
               "word_problems": len(problems), "seed": args.seed, "device": str(device)}
     atomic_write_text(out / "table.json", json.dumps(result, indent=2))

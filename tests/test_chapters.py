@@ -52,6 +52,11 @@ def test_run_all_quick(quick_env):
     arena = json.loads((runs / "arena" / "table.json").read_text())
     assert {"SFT", "best-of-4", "RFT", "REINFORCE", "RLOO", "GRPO", "PPO", "DPO"} <= set(arena["table"])
     assert (runs / "arena" / "frontier.png").is_file()
+    matched = {name: m for name, m in arena["chapter_numbers"].items() if m}
+    assert {"REINFORCE", "RLOO", "GRPO", "PPO", "RLOO (word problems)"} <= set(matched)
+    for name, m in matched.items():  # the same checkpoint, prompts and draws: the chapter's numbers, exactly
+        for key, value in m.items():
+            assert arena["table"][name][key] == pytest.approx(value, abs=1e-6), (name, key)
 
     # picking up after an interruption: the finished chapters before the unfinished one are kept, and it and every
     # chapter after it run again (they build on it)
