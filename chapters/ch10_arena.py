@@ -16,8 +16,9 @@ The methods, each from chapter 5's SFT model:
 
 The evaluation, the same for every checkpoint: --eval-samples samples of each of the 132 held-out story prompts at
 T = 1.0 (the same random numbers for every checkpoint, and the same draws chapters 8 and 9 evaluate with): the gold
-reward ± s.e., the reward model's score (the proxy), the KL to the SFT model from those samples (k1 and k3), the mean
-length and distinct-1/2; and the greedy accuracy on the 136 held-out word problems. Best-of-N's KL is its analytic
+reward ± s.e., the reward model's score (the proxy), the KL to the SFT model from those samples (k1 and k3) and the mean
+length; distinct-1/2 of one sample per prompt (the same count of stories for every method); and the greedy accuracy on
+the 136 held-out word problems. Best-of-N's KL is its analytic
 bound log N − (N − 1)/N. A checkpoint's evaluation is kept in runs/arena/eval/ under a hash of its weights, so a
 rerun evaluates only what changed.
 
@@ -122,8 +123,9 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     """Rejection-sampling fine-tuning from the SFT model into out; after every round, the held-out evaluation."""
     cfg = RFTConfig(rounds=args.rft_rounds, prompts=args.rft_prompts, k=args.rft_k, keep=args.rft_keep, lr=args.rft_lr,
                     max_new_tokens=args.max_new_tokens)
+    settings = {"seed": args.seed, "eval_samples": args.eval_samples, "prompts": prompts_digest(stories)}
     done = finished_run(out)
-    if done and not args.no_resume and done.get("config") == vars(cfg) and done.get("seed") == args.seed:
+    if done and not args.no_resume and done.get("config") == vars(cfg) and done.get("settings") == settings:
         print(f"RFT: keeping the finished run in {shown(out)}")
         return out
     if out.exists():
@@ -135,8 +137,8 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     by_prompt = {p["prompt"]: p for p in stories_rl}
-    print(f"RFT: {cfg.rounds} rounds of {cfg.prompts} prompts x {cfg.k} samples, keeping the top {cfg.keep:.0%} of each "
-          f"prompt's by the reward model, {cfg.epochs} epochs of the SFT loss on them at lr {cfg.lr:g}")
+    print(f"RFT: {cfg.rounds} rounds of {cfg.prompts} prompts x {cfg.k} samples, keeping each prompt's best "
+          f"{max(1, round(cfg.keep * cfg.k))} by the reward model, {cfg.epochs} epochs of the SFT loss on them at lr {cfg.lr:g}")
 
     def held_out(step: int, extra: dict) -> None:
         result = evaluate(policy, reference, tok, stories, [], rm_fn, args.eval_samples, 1.0, args.max_new_tokens,
@@ -157,7 +159,7 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     seconds = time.perf_counter() - t0
     save_gpt(policy, out)
     tok.save(out)
-    write_summary(out, {"config": vars(cfg), "seed": args.seed, "seconds": seconds, "prompts_used": cfg.rounds * cfg.prompts},
+    write_summary(out, {"config": vars(cfg), "settings": settings, "seconds": seconds, "prompts_used": cfg.rounds * cfg.prompts},
                   args.quick)
     return out
 
@@ -166,7 +168,7 @@ def best_of_n_samples(args, out: Path, sft, tok, rm_fn, stories: list[dict]) -> 
     """--bon-samples samples of the SFT model for every held-out story prompt, each with its proxy and gold score."""
     file = out / "best_of_n.json"
     settings = {"samples": args.bon_samples, "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
-                "seed": args.seed, "sft": weights_digest(sft)}
+                "seed": args.seed, "sft": weights_digest(sft), "prompts": prompts_digest(stories)}
     if file.is_file() and not args.no_resume:
         kept = json.loads(file.read_text(encoding="utf-8"))
         if kept["settings"] == settings:
@@ -208,20 +210,24 @@ def best_of_n_rows(bon: dict) -> tuple[list[dict], dict[int, dict]]:
         rows[n] = {"gold": point["gold"], "gold_se": point["gold_se"], "proxy": point["proxy"], "kl": point["kl"],
                    "kl_k3": None, "length": best_of_n_expected(proxy, lengths, n).mean().item(),
                    "distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2), "texts": texts,
-                   "n": proxy.size(0)}
+                   "prompts": proxy.size(0), "samples_per_prompt": m}
     return curve, rows
 
 
 # ----------------------------------------------------------------------------- one evaluation for every checkpoint
 
 
+def prompts_digest(examples: list[dict]) -> str:
+    """A short hash of the prompts a piece of the arena was computed on (kept work is reused only on the same ones)."""
+    return hashlib.sha256("\n".join(e["prompt"] for e in examples).encode()).hexdigest()[:16]
+
+
 def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, rm_fn, stories, problems, device) -> dict:
     """evaluate() of the checkpoint in `folder`, kept in out/eval/<name>.json under its weights' hash and settings."""
     policy = load_gpt(folder, device=device, vocab_size=tok.vocab_size, dropout=0.0)
-    asked = "\n".join([e["prompt"] for e in stories] + [e["prompt"] for e in problems])
     key = {"weights": weights_digest(policy), "eval_samples": args.eval_samples, "temperature": 1.0,
            "max_new_tokens": args.max_new_tokens, "seed": args.seed, "reference": weights_digest(reference),
-           "prompts": hashlib.sha256(asked.encode()).hexdigest()[:16]}
+           "prompts": prompts_digest(stories + problems)}
     file = out / "eval" / f"{name.replace(' ', '_').replace('(', '').replace(')', '')}.json"
     if file.is_file() and not args.no_resume:
         kept = json.loads(file.read_text(encoding="utf-8"))
@@ -314,7 +320,7 @@ def weights_held(name: str, folder: Path | None, sizes: dict[str, int]) -> dict[
 
 
 def table_markdown(table: dict, seconds: dict, matches: dict, held: dict) -> str:
-    lines = ["| method | gold ± s.e. | proxy (RM) | KL k1 | KL k3 | word problems (greedy) | length | distinct-2 | "
+    lines = ["| method | gold ± s.e. | proxy (RM) | KL k1 | KL k3 | word problems (greedy) | length | distinct-2* | "
              "training time | weights held |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in table.items():
         kl3 = "—" if r.get("kl_k3") is None else f"{r['kl_k3']:.2f}"
@@ -327,6 +333,8 @@ def table_markdown(table: dict, seconds: dict, matches: dict, held: dict) -> str
                      f"| {h} |")
     agree = [f"{name}: {', '.join(f'{k} {v:.3f} (chapter) vs {table[name][k]:.3f} (arena)' for k, v in m.items())}"
              for name, m in matches.items() if m]
+    lines.append("\n*distinct-2: distinct word pairs over all word pairs of one sample per prompt (best-of-N: the pick "
+                 "among the first N samples), the same number of stories for every row.")
     return "\n".join(lines) + ("\n\nThe chapters' own records, where their evaluation had these settings: "
                                + "; ".join(agree) + "." if agree else "")
 
@@ -391,6 +399,8 @@ def main(argv=None) -> dict:
                 texts[f"best-of-{n}"] = row["texts"]
     order = ["SFT"] + [f"best-of-{n}" for n in bon_rows] + ["RFT", *RL_ALGOS, "PPO", "DPO", "RLOO (word problems)"]
     table = {k: table[k] for k in order}
+    for name, row in table.items():  # diversity over the same number of texts for every row: one per prompt
+        row["distinct_1"], row["distinct_2"] = distinct_n(texts[name], 1), distinct_n(texts[name], 2)
 
     # the chapters' own numbers, and what each method cost
     matches = {name: chapter_numbers(name, folder, table[name]) for name, folder in {**rl_dirs, **chapter_dirs}.items()}

@@ -8,7 +8,7 @@ ranked by reward and F the probability that π draws one ranked no higher than y
 
 so its KL to π is bounded by (and, for a continuum of distinct rewards, equal to)
 
-    KL(π_N ‖ π) = log N − (N − 1) / N          (0 for N = 1; 2.20 nats for N = 16; 3.17 for N = 64)
+    KL(π_N ‖ π) = log N − (N − 1) / N          (0 for N = 1; 1.84 nats for N = 16; 3.17 for N = 64)
 
 From M ≥ N samples of a prompt, the expected reward of best-of-N is estimated without bias by averaging over all
 C(M, N) subsets of the samples: sorted by the proxy (ranks i = 1..M, best last), sample i is a subset's best with
@@ -17,7 +17,8 @@ probability C(i − 1, N − 1) / C(M, N), so E[gold of best-of-N] ≈ Σ_i C(i 
 **Rejection-sampling fine-tuning (RFT)**, learning from the policy's own best: sample k responses per prompt, keep
 the top fraction of each prompt's k by the reward model, fine-tune on the kept ones with the SFT loss (chapter 5's
 masked cross-entropy), repeat for a few rounds. Each round is a step of expert iteration: the policy moves towards
-its own best-of-k, which is why it lands near best-of-N on the frontier, without paying N samples at answer time.
+its own best-of-k by the reward model, and the next round's best-of-k starts from there, so the rounds compound
+(and so does whatever the reward model gets wrong). Unlike best-of-N it pays for its samples once, while training.
 
 **One evaluation** (`evaluate`): the same held-out prompts and the same random draws for every checkpoint
 (`policy_gradient.sampled_eval`): gold reward ± s.e., proxy (reward model), the KL to the SFT model from samples
@@ -85,9 +86,12 @@ def best_of_n_expected(proxy: torch.Tensor, values: torch.Tensor, n: int) -> tor
     """proxy, values (P, M): M samples of each of P prompts, scored by the proxy that picks and by any other
     measure (gold, length, the proxy itself). Returns (P,): the expected value of the best-of-n pick, averaged over
     every n-subset of a prompt's M samples (unbiased for best-of-n of the policy when the M samples are i.i.d.)."""
-    order = torch.argsort(proxy.double(), dim=1, stable=True)  # (P, M): ranks, lowest proxy first
+    m = proxy.size(1)
+    # (P, M): sample indices from the lowest proxy to the highest; of two tied samples the one drawn first ranks
+    # higher (as best_of_n and keep_top pick it): sort the reversed rows stably, then map back
+    order = (m - 1) - torch.argsort(proxy.double().flip(1), dim=1, stable=True)
     ranked = torch.gather(values.double(), 1, order)  # (P, M) the values in proxy order
-    return ranked @ best_of_n_weights(proxy.size(1), n)  # (P,)
+    return ranked @ best_of_n_weights(m, n)  # (P,)
 
 
 def best_of_n_curve(proxy: torch.Tensor, gold: torch.Tensor, ns: list[int]) -> list[dict]:

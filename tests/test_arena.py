@@ -86,6 +86,14 @@ def test_best_of_n_expected_averages_every_subset(n):
     assert best_of_n_weights(6, n).sum().item() == pytest.approx(1.0)
 
 
+def test_best_of_n_expected_breaks_ties_as_best_of_n_does():
+    proxy = torch.tensor([[1.0, 2.0, 2.0, 0.0, 2.0]])  # three samples tie for the best
+    gold = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]])
+    for n in range(1, 6):  # the brute force keeps the first drawn of a subset's tied best
+        want = brute_force_best_of_n(proxy[0].tolist(), gold[0].tolist(), n)
+        assert best_of_n_expected(proxy, gold, n).item() == pytest.approx(want, abs=1e-12)
+
+
 def test_best_of_n_expected_ends():
     proxy, gold = torch.tensor([[0.3, -1.0, 2.0, 0.1]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     assert best_of_n_expected(proxy, gold, 1).item() == pytest.approx(2.5)  # N = 1: the plain mean
