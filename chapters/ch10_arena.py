@@ -101,7 +101,7 @@ def parse_args(argv=None):
 # ----------------------------------------------------------------------------- the methods that train
 
 
-def rl_runs(args, root: Path, out: Path) -> dict[str, Path]:
+def rl_runs(args, out: Path) -> dict[str, Path]:
     """REINFORCE, RLOO and GRPO on stories against the reward model, by chapter 7's script (kept when finished)."""
     folders = {}
     for label, algo in RL_ALGOS.items():
@@ -376,7 +376,7 @@ def main(argv=None) -> dict:
     atomic_write_text(out / "inputs.json", json.dumps(inputs))
 
     # the methods this chapter trains: REINFORCE, RLOO, GRPO on stories (chapter 7's script), then RFT
-    rl_dirs = rl_runs(args, root, out)
+    rl_dirs = rl_runs(args, out)
     stories_rl, stories, _, _ = ch07.task_data("stories", args.quick, args.eval_examples)
     problems = ch07.task_data("word-problems", args.quick, args.eval_examples)[1]
     print(f"\n--- RFT and best-of-N ({len({s['prompt'] for s in stories})} held-out story prompts, {len(problems)} "

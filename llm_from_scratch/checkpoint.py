@@ -237,12 +237,12 @@ def load_train_state(path: str | os.PathLike) -> dict:
 
 STAGES = {  # run folder -> (the chapter script that makes it, how long its real run took on a 2-core CPU)
     "tokenizer": ("ch01_tokenizer.py", "about 10 seconds"),
-    "pretrain": ("ch04_pretrain.py", "about 5 minutes"),
-    "sft": ("ch05_sft.py", "about 6 minutes"),
-    "reward_model": ("ch06_reward_model.py", "about 3 minutes"),
-    "pg_word-problems_rloo": ("ch07_policy_gradient.py", "about 6 minutes"),
-    "ppo_stories": ("ch08_ppo.py", "about 7 minutes"),
-    "dpo": ("ch09_dpo.py", "about 4 minutes"),
+    "pretrain": ("ch04_pretrain.py", "about 4 minutes"),
+    "sft": ("ch05_sft.py", "about 4 minutes"),
+    "reward_model": ("ch06_reward_model.py", "about 2 minutes"),
+    "pg_word-problems_rloo": ("ch07_policy_gradient.py", "about 3 minutes"),
+    "ppo_stories": ("ch08_ppo.py", "about 4 minutes"),
+    "dpo": ("ch09_dpo.py", "about 5 minutes"),
 }
 RESUMABLE = ("pretrain", "sft")  # these continue an interrupted run in place: rebuilding one starts over
 

@@ -32,6 +32,20 @@ def test_chapter_help(script, quick_env):
     assert help_.returncode == 0 and "--quick" in help_.stdout and "usage:" in help_.stdout
 
 
+def test_arena_refuses_bad_flags(quick_env):
+    for flags, message in ((["--rft-keep", "1.5"], "--rft-keep must be in (0, 1]"),
+                           (["--bon-samples", "0"], "--bon-samples must be ≥ 1")):
+        run = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch10_arena.py"), *flags], capture_output=True,
+                             text=True, env=quick_env)
+        assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def test_run_all_refuses_an_unknown_chapter(quick_env):
+    run = subprocess.run([sys.executable, str(ROOT / "chapters" / "run_all.py"), "--only", "ch11"], capture_output=True,
+                         text=True, env=quick_env)
+    assert run.returncode == 2 and "--only ch11: no such chapter" in run.stderr, run.stderr
+
+
 @pytest.mark.slow
 def test_run_all_quick(quick_env):
     run = subprocess.run(
