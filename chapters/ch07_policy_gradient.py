@@ -363,9 +363,10 @@ def finished_seed(args, out: Path, seed: int) -> dict | None:
     if args.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
         return None
     result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
-    same = {"steps": args.steps, "seed": seed, "lr": args.lr, "prompts": args.prompts, "algo": args.algo,
-            "eval_samples": args.eval_samples if args.task == "stories" else 0}
+    same = {"steps": args.steps, "seed": seed, "lr": args.lr, "prompts": args.prompts, "algo": args.algo}
     same_cfg = {"k": args.k, "beta": args.beta, "temperature": args.temperature, "inner_epochs": args.inner_epochs}
+    if result.get("eval_samples", 0) != (args.eval_samples if args.task == "stories" else 0):  # (older runs: 0)
+        return None
     if any(result.get(k) != v for k, v in same.items()) or any(result["config"].get(k) != v for k, v in same_cfg.items()):
         return None
     print(f"seed {seed}: keeping the finished run in {shown(out)}")

@@ -150,7 +150,7 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     held_out(0, {})
     bar = tqdm(range(cfg.rounds), desc="rft", unit="round", disable=args.quiet, dynamic_ncols=True)
     for r in bar:
-        prompts = [p["prompt"] for p in stories_rl[r * cfg.prompts:(r + 1) * cfg.prompts]]
+        prompts = [stories_rl[(r * cfg.prompts + j) % len(stories_rl)]["prompt"] for j in range(cfg.prompts)]  # fresh, then again
         metrics, kept = rft_round(policy, tok, prompts, rm_fn, cfg, optimizer, generator)
         gold = [tinyworld.gold_reward(by_prompt[k["prompt"]], k["response"]) for k in kept]
         metrics["rft/gold_kept"] = sum(gold) / max(1, len(gold))
@@ -164,11 +164,11 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     return out
 
 
-def best_of_n_samples(args, out: Path, sft, tok, rm_fn, stories: list[dict]) -> dict:
+def best_of_n_samples(args, out: Path, sft, tok, rm_fn, stories: list[dict], inputs: dict) -> dict:
     """--bon-samples samples of the SFT model for every held-out story prompt, each with its proxy and gold score."""
     file = out / "best_of_n.json"
     settings = {"samples": args.bon_samples, "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
-                "seed": args.seed, "sft": weights_digest(sft), "prompts": prompts_digest(stories)}
+                "seed": args.seed, **inputs, "prompts": prompts_digest(stories)}
     if file.is_file() and not args.no_resume:
         kept = json.loads(file.read_text(encoding="utf-8"))
         if kept["settings"] == settings:
@@ -201,6 +201,11 @@ def best_of_n_rows(bon: dict) -> tuple[list[dict], dict[int, dict]]:
     m = proxy.size(1)
     ns = [2 ** i for i in range(int(math.log2(m)) + 1)]
     curve = best_of_n_curve(proxy, gold, ns)
+    first_gold, first_proxy = best_of_n_expected(proxy, gold, 1), best_of_n_expected(proxy, proxy, 1)  # (P,) N = 1
+    for c in curve:  # the gain over N = 1 on the same samples, its s.e. over prompts (paired)
+        gain = best_of_n_expected(proxy, gold, c["n"]) - first_gold  # (P,)
+        c["gain"], c["gain_se"] = gain.mean().item(), (gain.std() / math.sqrt(gain.numel())).item()
+        c["proxy_gain"] = (best_of_n_expected(proxy, proxy, c["n"]) - first_proxy).mean().item()
     lengths = torch.tensor(bon["lengths"], dtype=torch.float64).view_as(proxy)
     rows = {}
     for n in [n for n in BON_SHOWN if n <= m]:
@@ -208,6 +213,7 @@ def best_of_n_rows(bon: dict) -> tuple[list[dict], dict[int, dict]]:
         picked = proxy[:, :n].argmax(dim=1)  # one realisation (the first n samples) for the texts' diversity
         texts = [bon["texts"][i * m + int(j)] for i, j in enumerate(picked)]
         rows[n] = {"gold": point["gold"], "gold_se": point["gold_se"], "proxy": point["proxy"], "kl": point["kl"],
+                   "gain": point["gain"], "gain_se": point["gain_se"], "proxy_gain": point["proxy_gain"],
                    "kl_k3": None, "length": best_of_n_expected(proxy, lengths, n).mean().item(),
                    "distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2), "texts": texts,
                    "prompts": proxy.size(0), "samples_per_prompt": m}
@@ -222,11 +228,13 @@ def prompts_digest(examples: list[dict]) -> str:
     return hashlib.sha256("\n".join(e["prompt"] for e in examples).encode()).hexdigest()[:16]
 
 
-def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, rm_fn, stories, problems, device) -> dict:
-    """evaluate() of the checkpoint in `folder`, kept in out/eval/<name>.json under its weights' hash and settings."""
+def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, rm_fn, stories, problems, device,
+                      inputs: dict) -> dict:
+    """evaluate() of the checkpoint in `folder`, kept in out/eval/<name>.json under its weights' hash, the SFT model's
+    and the reward model's (inputs), and the settings."""
     policy = load_gpt(folder, device=device, vocab_size=tok.vocab_size, dropout=0.0)
     key = {"weights": weights_digest(policy), "eval_samples": args.eval_samples, "temperature": 1.0,
-           "max_new_tokens": args.max_new_tokens, "seed": args.seed, "reference": weights_digest(reference),
+           "max_new_tokens": args.max_new_tokens, "seed": args.seed, **inputs,
            "prompts": prompts_digest(stories + problems)}
     file = out / "eval" / f"{name.replace(' ', '_').replace('(', '').replace(')', '')}.json"
     if file.is_file() and not args.no_resume:
@@ -236,20 +244,29 @@ def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, 
     t0 = time.perf_counter()
     result = evaluate(policy, reference, tok, stories, problems, rm_fn, args.eval_samples, 1.0, args.max_new_tokens,
                       args.seed)
-    result = {k: v for k, v in result.items() if k not in ("samples", "gold_each", "proxy_each")}
-    result["seconds"] = time.perf_counter() - t0
+    result = {k: v for k, v in result.items() if k not in ("samples", "proxy_each")}
+    result["seconds"], result["seed"] = time.perf_counter() - t0, args.seed
     atomic_write_text(file, json.dumps({"key": key, "folder": shown(folder), "result": result}))
     print(f"  {name}: evaluated in {result['seconds']:.0f} s")
     return result
 
 
+def paired_gain(gold: list[float], baseline: list[float], n: int) -> torch.Tensor:
+    """(P,): each prompt's mean gold over its n samples minus the baseline's on the same draws."""
+    diff = torch.tensor(gold, dtype=torch.float64) - torch.tensor(baseline, dtype=torch.float64)  # (P * n,)
+    return diff.view(-1, n).mean(dim=1)
+
+
 def chapter_numbers(name: str, folder: Path, arena_row: dict) -> dict | None:
-    """What the chapter's own run recorded at its end, where its evaluation drew as many samples as the arena's
-    (the same prompts, samples per prompt and seed: then the numbers must agree)."""
+    """What the chapter's own run recorded at its end, where its evaluation drew as many samples as the arena's, with
+    the same seed and at T = 1.0 (the same prompts, samples per prompt and draws: then the numbers must agree)."""
     file = folder / "eval.json"
     if not file.is_file():
         return None
     e = json.loads(file.read_text(encoding="utf-8"))
+    temperature = e.get("temperature", e.get("config", {}).get("temperature"))
+    if e.get("seed") != arena_row["seed"] or (name != "RLOO (word problems)" and temperature != 1.0):
+        return None  # other draws: nothing to compare
     if name == "RLOO (word problems)":  # chapter 7's greedy accuracy on the same held-out problems
         return {"accuracy": e["after"]["gold"]} if e["after"]["n"] == arena_row.get("problems") else None
     after = e["after"].get("sampled", {}) if name in RL_ALGOS else e["after"]
@@ -277,28 +294,33 @@ COLORS = {"SFT": "black", "RFT": "C1", "REINFORCE": "C2", "RLOO": "C0", "GRPO": 
 
 
 def frontier_figure(out: Path, table: dict, curve: list[dict], trajectories: dict) -> None:
-    """Gold (left) and proxy (right) against √KL: best-of-N as a curve, each trained method as its trajectory (the
-    evaluations its run recorded) ending at the square where the arena scored its final checkpoint."""
+    """Gold gain (left) and proxy gain (right) against √KL: best-of-N as a curve (over N = 1, on its own samples), each
+    trained method as its trajectory (the evaluations its run recorded, over the SFT model on the same draws) ending
+    at the square where the arena scored its final checkpoint (± 1 s.e. of the paired gain)."""
     fig, axes = plt.subplots(1, 2, figsize=(14, 5), constrained_layout=True)
+    base = table["SFT"]
     for ax, key in zip(axes, ("gold", "proxy")):
+        gain = "gain" if key == "gold" else "proxy_gain"
         x = [math.sqrt(c["kl"]) for c in curve]
-        ax.plot(x, [c[key] for c in curve], "k--", marker=".", label="best-of-N (N = 1, 2, 4 ..; KL bound)")
+        ax.plot(x, [c[gain] for c in curve], "k--", marker=".", label="best-of-N (N = 1, 2, 4 ..; KL bound)")
         for c in curve:
-            if c["n"] in (4, 16, 64):
-                ax.annotate(f"N={c['n']}", (math.sqrt(c["kl"]), c[key]), fontsize=7, xytext=(3, -10), textcoords="offset points")
+            if c["n"] in BON_SHOWN:
+                ax.annotate(f"N={c['n']}", (math.sqrt(c["kl"]), c[gain]), fontsize=7, xytext=(3, -10), textcoords="offset points")
         for name, points in trajectories.items():
             kl = [math.sqrt(max(p[0], 0.0)) for p in points]
-            ys = [p[1] if key == "gold" else p[2] for p in points]
+            ys = [(p[1] if key == "gold" else p[2]) - base[key] for p in points]
             ax.plot(kl, ys, marker="o", ms=3, alpha=0.8, color=COLORS.get(name), label=f"{name} (over training)")
-        for name, row in table.items():  # every checkpoint as the arena scored it (± 1 s.e. of the gold reward)
-            if name.startswith("best-of"):
+        for name, row in table.items():  # every checkpoint as the arena scored it
+            if name.startswith("best-of") or name == "SFT":
                 continue
-            ax.errorbar([math.sqrt(max(row["kl"], 0.0))], [row[key]], yerr=[row["gold_se"]] if key == "gold" else None,
+            ax.errorbar([math.sqrt(max(row["kl"], 0.0))], [row[gain]], yerr=[row["gain_se"]] if key == "gold" else None,
                         marker="s", ms=7, color=COLORS.get(name), capsize=3, ls="none",
                         label=None if name in trajectories else name)
+        ax.axhline(0, color="black", lw=0.6)
         ax.set(xlabel="√KL to the SFT model (√nats per story; best-of-N: its bound)",
-               ylabel="gold reward (held out, sampled)" if key == "gold" else "reward model score (the proxy)",
-               title="Gold reward against √KL" if key == "gold" else "Proxy against √KL: what each method optimised")
+               ylabel=("gold gain over the SFT model (held out, sampled)" if key == "gold"
+                       else "reward model score (the proxy): gain over the SFT model"),
+               title="Gold gained against √KL" if key == "gold" else "Proxy gained against √KL: what each method optimised")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="lower left")
     save(fig, out / "frontier.png")
@@ -320,21 +342,24 @@ def weights_held(name: str, folder: Path | None, sizes: dict[str, int]) -> dict[
 
 
 def table_markdown(table: dict, seconds: dict, matches: dict, held: dict) -> str:
-    lines = ["| method | gold ± s.e. | proxy (RM) | KL k1 | KL k3 | word problems (greedy) | length | distinct-2* | "
-             "training time | weights held |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| method | gold ± s.e. | gold gain ± s.e.* | proxy (RM) | KL k1 | KL k3 | word problems (greedy) | length | "
+             "distinct-2* | training time | weights held |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in table.items():
         kl3 = "—" if r.get("kl_k3") is None else f"{r['kl_k3']:.2f}"
         acc = f"{r['accuracy']:.1%} ± {r['accuracy_se']:.1%}" if "accuracy" in r else "—"
         kl = f"{r['kl']:.2f}" + (" (bound)" if name.startswith("best-of") else "")
         t, h = seconds.get(name), held.get(name)
         h = f"{sum(h.values()) / 2 ** 20:.1f} MiB: {', '.join(h)}" if h else "—"
-        lines.append(f"| {name} | {r['gold']:.3f} ± {r['gold_se']:.3f} | {r['proxy']:+.3f} | {kl} | {kl3} | {acc} | "
+        g = f"{r['gain']:+.3f} ± {r['gain_se']:.3f}" if "gain" in r else "—"
+        lines.append(f"| {name} | {r['gold']:.3f} ± {r['gold_se']:.3f} | {g} | {r['proxy']:+.3f} | {kl} | {kl3} | {acc} | "
                      f"{r['length']:.1f} | {r['distinct_2']:.3f} | {t if isinstance(t, str) else f'{t / 60:.1f} min' if t else '—'} "
                      f"| {h} |")
     agree = [f"{name}: {', '.join(f'{k} {v:.3f} (chapter) vs {table[name][k]:.3f} (arena)' for k, v in m.items())}"
              for name, m in matches.items() if m]
-    lines.append("\n*distinct-2: distinct word pairs over all word pairs of one sample per prompt (best-of-N: the pick "
-                 "among the first N samples), the same number of stories for every row.")
+    lines.append("\n*gold gain: over the SFT model on the same draws (best-of-N: over N = 1 on its own samples), its "
+                 "standard error over the prompts (paired). distinct-2: distinct word pairs over all word pairs of one "
+                 "sample per prompt (best-of-N: the pick among the first N samples), the same number of stories for "
+                 "every row.")
     return "\n".join(lines) + ("\n\nThe chapters' own records, where their evaluation had these settings: "
                                + "; ".join(agree) + "." if agree else "")
 
@@ -382,7 +407,7 @@ def main(argv=None) -> dict:
     print(f"\n--- RFT and best-of-N ({len({s['prompt'] for s in stories})} held-out story prompts, {len(problems)} "
           f"held-out word problems)", flush=True)
     rft_dir = rft_run(args, out / "rft", sft_dir, tok, rm_fn, stories_rl, stories, device)
-    bon = best_of_n_samples(args, out, sft, tok, rm_fn, stories)
+    bon = best_of_n_samples(args, out, sft, tok, rm_fn, stories, inputs)
     curve, bon_rows = best_of_n_rows(bon)
 
     # one evaluation for every checkpoint
@@ -391,7 +416,7 @@ def main(argv=None) -> dict:
           f"problems; {len(checkpoints)} checkpoints", flush=True)
     table, texts = {}, {}
     for name, folder in checkpoints.items():
-        table[name] = cached_evaluation(args, out, name, folder, sft, tok, rm_fn, stories, problems, device)
+        table[name] = cached_evaluation(args, out, name, folder, sft, tok, rm_fn, stories, problems, device, inputs)
         texts[name] = table[name]["completions"][::args.eval_samples]  # sample 0 of each prompt
         if name == "SFT":
             for n, row in bon_rows.items():
@@ -401,6 +426,10 @@ def main(argv=None) -> dict:
     table = {k: table[k] for k in order}
     for name, row in table.items():  # diversity over the same number of texts for every row: one per prompt
         row["distinct_1"], row["distinct_2"] = distinct_n(texts[name], 1), distinct_n(texts[name], 2)
+        if "gold_each" in row:  # the gain over the SFT model on the same draws, its s.e. over prompts (paired)
+            gain = paired_gain(row["gold_each"], table["SFT"]["gold_each"], args.eval_samples)
+            row["gain"], row["gain_se"] = gain.mean().item(), (gain.std() / math.sqrt(gain.numel())).item()
+            row["proxy_gain"] = row["proxy"] - table["SFT"]["proxy"]
 
     # the chapters' own numbers, and what each method cost
     matches = {name: chapter_numbers(name, folder, table[name]) for name, folder in {**rl_dirs, **chapter_dirs}.items()}
@@ -417,7 +446,7 @@ def main(argv=None) -> dict:
     frontier_figure(out, table, curve, trajectories)
     text = table_markdown(table, seconds, matches, held)
     print("\n" + text)
-    strip = lambda r: {k: v for k, v in r.items() if k not in ("completions", "texts")}  # noqa: E731
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("completions", "texts", "gold_each")}  # noqa: E731
     result = {"table": {k: strip(v) for k, v in table.items()}, "best_of_n": curve, "chapter_numbers": matches,
               "trajectories": trajectories, "seconds": {k: v for k, v in seconds.items() if not isinstance(v, str)},
               "weights_held": held,

@@ -5,8 +5,8 @@ fragment into its run folder, and this script stitches the fragments together un
 and the time each stage took, with the arena's table and frontier (chapter 10) first.
 
 A stage whose run folder already holds a finished run (its summary.json, of the same mode: real or quick) is kept, so
-an interrupted course picks up where it stopped; once a stage runs, every later stage runs again too (they build on
-it). --again reruns every stage.
+an interrupted course picks up where it stopped (the first unfinished stage resumes its own interrupted run); once a
+stage runs, every later stage starts over too (they build on it). --again starts every stage over.
 
     python chapters/run_all.py              # the real course (about 30 minutes on a 2-core CPU)
     python chapters/run_all.py --quick      # a smoke run of every chapter (minutes); writes under runs/quick/
@@ -75,7 +75,8 @@ def main() -> None:
         left = sum(m for _, _, m in stages[k - 1:])
         print(f"\n[{k}/{len(stages)}] === {script} === ({elapsed(time.perf_counter() - t0)} so far"
               + ("" if quick else f"; about {left:.0f} min left on a 2-core CPU") + ")", flush=True)
-        times[script] = {"seconds": run_chapter(script, quick, args.quiet, env), "when": time.strftime("%Y-%m-%d %H:%M")}
+        fresh = args.again or ran_one  # what it would resume from was built on what just changed (or on nothing asked)
+        times[script] = {"seconds": run_chapter(script, quick, args.quiet, env, fresh), "when": time.strftime("%Y-%m-%d %H:%M")}
         atomic_write_text(times_file, json.dumps(times, indent=2))
         status[script], ran_one = "ran", True
 
@@ -88,9 +89,13 @@ def elapsed(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
-def run_chapter(script: str, quick: bool, quiet: bool, env: dict) -> float:
-    """Run one chapter script in its own process; its wall-clock seconds. Exits on failure."""
-    cmd = [sys.executable, str(ROOT / "chapters" / script)] + (["--quick"] if quick else []) + (["--quiet"] if quiet else [])
+def run_chapter(script: str, quick: bool, quiet: bool, env: dict, fresh: bool) -> float:
+    """Run one chapter script in its own process; its wall-clock seconds. Exits on failure. fresh: the script starts
+    over (--no-resume, for the scripts that resume) instead of continuing what its folder holds."""
+    path = ROOT / "chapters" / script
+    cmd = [sys.executable, str(path)] + (["--quick"] if quick else []) + (["--quiet"] if quiet else [])
+    if fresh and "--no-resume" in path.read_text(encoding="utf-8"):
+        cmd.append("--no-resume")
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env)
     if done.returncode != 0:

@@ -110,7 +110,8 @@ def best_of_n_curve(proxy: torch.Tensor, gold: torch.Tensor, ns: list[int]) -> l
 
 def keep_top(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     """scores (P, k): k samples of each of P prompts. Returns a (P, k) bool mask keeping, in every row, exactly
-    max(1, round(fraction · k)) samples: the highest scores (on a tie, the sample drawn first)."""
+    max(1, round(fraction · k)) samples (Python's round: a half goes to the even number, 2.5 -> 2): the highest
+    scores (on a tie, the sample drawn first)."""
     if not 0 < fraction <= 1:
         raise ValueError(f"keep_top: fraction must be in (0, 1], got {fraction}")
     k = scores.size(1)
@@ -143,7 +144,7 @@ def rft_round(policy: GPT, tok: Tokenizer, prompts: list[str], score_fn: ScoreFn
     policy.eval()
     drawn = answer(policy, tok, repeated, cfg.max_new_tokens, temperature=cfg.temperature, generator=generator)
     texts = [t for t, _ in drawn]
-    scores = torch.as_tensor(score_fn(repeated, texts), dtype=torch.float64).flatten()  # (P * k,)
+    scores = torch.as_tensor(score_fn(repeated, texts), dtype=torch.float64).flatten().cpu()  # (P * k,)
     encoded = [_encode(tok, p, t, policy.config.context_length) if e else None
                for p, (t, e) in zip(repeated, drawn)]  # (ids, prompt length) with EOS, or None: not usable
     usable = torch.tensor([e is not None for e in encoded])
@@ -155,7 +156,7 @@ def rft_round(policy: GPT, tok: Tokenizer, prompts: list[str], score_fn: ScoreFn
     policy.train()
     losses = []
     for _ in range(cfg.epochs):
-        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(len(losses))).tolist()
+        order = torch.randperm(len(examples)).tolist()  # the global random state: seed_everything makes it repeat
         for start in range(0, len(order), cfg.batch_size):
             x, y = sft_collate([examples[i] for i in order[start:start + cfg.batch_size]], tok.pad_id)  # (B, T) each
             loss = lm_loss(policy, x.to(device), y.to(device))

@@ -159,7 +159,9 @@ def test_dpo_cached_and_live_reference_agree_and_the_comparison_reuses_the_defau
     assert set(cached["weights_held"]) == {"policy"} and set(live["weights_held"]) == {"policy", "reference"}
     assert (runs / "dpo" / "reference_logps.safetensors").is_file() and not (runs / "dpo_live" / "reference_logps.safetensors").exists()
     for key in ("rewards/accuracies", "rewards/margins", "loss", "logps/chosen"):
-        assert cached["val"][key] == pytest.approx(live["val"][key], abs=1e-4), key
+        # the same numbers up to float32 rounding: a sum of ~300 log-probs computed in other batches (and on another
+        # CPU's vector units) moves in its 7th digit
+        assert cached["val"][key] == pytest.approx(live["val"][key], rel=1e-5, abs=1e-4), key
     assert cached["after"]["gold"] == pytest.approx(live["after"]["gold"], abs=1e-6)
 
     compare = subprocess.run([sys.executable, script, "--quick", "--quiet", "--compare"], capture_output=True, text=True,
