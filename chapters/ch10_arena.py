@@ -53,6 +53,7 @@ from llm_from_scratch.arena import (RFTConfig, best_of_n_curve, best_of_n_expect
 from llm_from_scratch.checkpoint import (append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode,
                                          read_jsonl, require_real, runs_root, shown, start_run, write_summary)
 from llm_from_scratch.device import pick_device, seed_everything
+from llm_from_scratch import ppo  # chapter 8's weights_held: the bytes of weights each network holds
 from llm_from_scratch.plots import save
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.sft import answer
@@ -439,8 +440,7 @@ def main(argv=None) -> dict:
         seconds[f"best-of-{n}"] = f"none ({n} samples per answer)"
     trajectories = {name: trajectory(name, folder) for name, folder in {"RFT": rft_dir, **rl_dirs, "PPO": chapter_dirs["PPO"],
                                                                        "DPO": chapter_dirs["DPO"]}.items()}
-    sizes = {"policy": sum(p.numel() * p.element_size() for p in sft.parameters()),
-             "reward model": sum(p.numel() * p.element_size() for p in rm.parameters())}
+    sizes = {k: v["bytes"] for k, v in ppo.weights_held({"policy": sft, "reward model": rm}).items()}
     folders = {"RFT": rft_dir, **rl_dirs, **chapter_dirs}
     held = {name: weights_held(name, folders.get(name), sizes) for name in table if name != "SFT"}
     frontier_figure(out, table, curve, trajectories)
