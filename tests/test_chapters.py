@@ -150,7 +150,9 @@ def test_dpo_cached_and_live_reference_agree_and_the_comparison_reuses_the_defau
                 "train/rewards/accuracies", "train/logps/chosen", "train/logps/rejected"} <= set(records[1])
         evals = [r for r in records if "val/loss" in r]
         assert [r["step"] for r in evals] == [0, 3, 6] and {"eval/kl", "eval/kl_k3", "eval/gold"} <= set(evals[-1])
-        assert evals[0]["val/loss"] == pytest.approx(0.693147, abs=1e-4) and evals[0]["eval/kl"] == 0.0  # step 0: π = π_ref
+        # step 0: π = π_ref, so every pair's loss is log 2, up to float32: in cached mode the reference's sums of
+        # log-probs come from other batches than the policy's (2e-4 apart once on this Intel CPU)
+        assert evals[0]["val/loss"] == pytest.approx(0.693147, abs=1e-3) and evals[0]["eval/kl"] == 0.0
         rows = [json.loads(line) for line in (out / "side_by_side.jsonl").read_text().splitlines()]
         assert {r["step"] for r in rows} == {0, 3, 6} and {"prompt", "reference", "policy", "gold_policy"} <= set(rows[0])
         for name in ("curves.png", "kl_gold.png", "logp_shift.png", "samples.md", "model.safetensors"):
