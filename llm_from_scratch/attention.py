@@ -97,6 +97,10 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). [q | k | v] = x W_attn + b, split into H heads of size D = C / H;
+        head h: y_h = softmax(q_h k_h^T / sqrt(D) + M) v_h (M: 0 where a query may look, -inf where not: the
+        causal mask, or `mask` (B or 1, H or 1, T, S) of booleans, True = may look); out = [y_1 | ... | y_H] W_proj + b.
+        kv_cache: the keys and values of S - T earlier positions; the new ones are stored after them."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)  # each (B, T, C)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)

@@ -45,6 +45,8 @@ class TokenWindowDataset(Dataset):
         return (len(self.tokens) - (self.context_length + 1)) // self.stride + 1
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window i (negative i counts from the end): the T+1 tokens w_0 .. w_T from position i · stride,
+        returned as x = w_0 .. w_{T-1} and y = w_1 .. w_T, each (T,): y[t] is the token after x[t]."""
         if not -len(self) <= i < len(self):
             raise IndexError(f"window {i} out of range for {len(self)} windows")
         start = (i % len(self)) * self.stride
@@ -103,6 +105,8 @@ class WindowSampler:
         self.context_length, self.batch_size, self.seed = context_length, batch_size, seed
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """B windows of T+1 consecutive tokens, each starting anywhere a whole window fits, drawn with a generator
+        seeded by (seed, step): x = window[:, :-1], y = window[:, 1:], each (B, T)."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         starts = torch.randint(0, len(self.tokens) - self.context_length, (self.batch_size,), generator=g)  # (B,)
         offsets = torch.arange(self.context_length + 1)  # (T+1,)

@@ -83,6 +83,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """GPT-2's pre-norm residual block, (B, T, C) -> (B, T, C):
+        x = x + attn(LN_1(x)), then x = x + MLP(LN_2(x)): each sublayer reads a normalised copy and adds to the stream."""
         x = x + self.attn(self.ln_1(x), mask, kv_cache)
         x = x + self.mlp(self.ln_2(x))
         return x

@@ -116,6 +116,26 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gra
     return grad_norm
 
 
+def accumulate_gradients(model: torch.nn.Module, micro_batches: list[Batch], amp: torch.dtype | None = None) -> tuple[float, int]:
+    """Gradient accumulation: the gradient of one large batch, built from K micro-batches that fit in memory.
+
+    With L_k the mean token loss of micro-batch k, backpropagate L_k / K for each k, so that the summed gradients
+    are ∇ (1/K) Σ_k L_k, the gradient of the mean loss (equal to one big batch's when the micro-batches hold
+    equally many targets). Adds to the parameters' .grad; the optimizer step comes after (optimizer_step).
+    Returns the mean loss (1/K) Σ_k L_k and the number of targets seen (y ≠ -100). amp: the autocast dtype or None."""
+    device = next(model.parameters()).device
+    K = len(micro_batches)
+    loss_sum, tokens = 0.0, 0
+    for x, y in micro_batches:  # x, y (B, T) each
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device, amp):
+            loss = lm_loss(model, x, y)  # L_k
+        (loss / K).backward()
+        loss_sum += loss.item()
+        tokens += int((y != -100).sum())
+    return loss_sum / K, tokens
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device, dtype: str = "float32") -> float:
     """Mean loss per target token over `batches` (dropout off during, training mode restored after)."""
@@ -202,16 +222,9 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
             lr = lr_at(step, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum = 0.0
-            for micro in range(cfg.grad_accum):
-                x, y = get_batch(step * cfg.grad_accum + micro)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with autocast(device, amp):
-                    loss = lm_loss(forward, x, y)
-                (loss / cfg.grad_accum).backward()
-                loss_sum += loss.item()
-                tokens_seen += int((y != -100).sum())
-            train_loss = loss_sum / cfg.grad_accum
+            micro_batches = [get_batch(step * cfg.grad_accum + micro) for micro in range(cfg.grad_accum)]
+            train_loss, tokens = accumulate_gradients(forward, micro_batches, amp)
+            tokens_seen += tokens
             if not math.isfinite(train_loss):
                 raise FloatingPointError(f"the training loss is {train_loss} at step {step}: stopping. The last good "
                                          f"checkpoint is kept in {out_dir} (lower --lr, or check the data)")

@@ -76,6 +76,7 @@ def brute_force_best_of_n(proxy: list[float], values: list[float], n: int) -> fl
     return sum(values[max(s, key=lambda i: proxy[i])] for s in subsets) / len(subsets)
 
 
+@pytest.mark.grades("arena.best_of_n_expected")
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6])
 def test_best_of_n_expected_averages_every_subset(n):
     g = torch.Generator().manual_seed(n)
@@ -86,6 +87,7 @@ def test_best_of_n_expected_averages_every_subset(n):
     assert best_of_n_weights(6, n).sum().item() == pytest.approx(1.0)
 
 
+@pytest.mark.grades("arena.best_of_n_expected")
 def test_best_of_n_expected_breaks_ties_as_best_of_n_does():
     proxy = torch.tensor([[1.0, 2.0, 2.0, 0.0, 2.0]])  # three samples tie for the best
     gold = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]])
@@ -94,6 +96,7 @@ def test_best_of_n_expected_breaks_ties_as_best_of_n_does():
         assert best_of_n_expected(proxy, gold, n).item() == pytest.approx(want, abs=1e-12)
 
 
+@pytest.mark.grades("arena.best_of_n_expected")
 def test_best_of_n_expected_ends():
     proxy, gold = torch.tensor([[0.3, -1.0, 2.0, 0.1]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     assert best_of_n_expected(proxy, gold, 1).item() == pytest.approx(2.5)  # N = 1: the plain mean
@@ -115,6 +118,7 @@ def test_best_of_n_curve():
 # ----------------------------------------------------------------------------- rejection-sampling fine-tuning
 
 
+@pytest.mark.grades("arena.keep_top")
 def test_keep_top_keeps_exactly_the_top_fraction():
     scores = torch.tensor([[0.1, 0.9, 0.5, 0.7], [3.0, 1.0, 2.0, 0.0], [1.0, 1.0, 0.0, 1.0]])
     assert keep_top(scores, 0.5).tolist() == [[False, True, False, True], [True, False, True, False],

@@ -4,6 +4,7 @@ import torch
 from llm_from_scratch.data import TokenWindowDataset, document_windows, preference_collate
 
 
+@pytest.mark.grades("data.TokenWindowDataset.__getitem__")
 def test_windows_by_hand():
     ds = TokenWindowDataset(list(range(10)), context_length=3)  # windows of 4 tokens, stride 3
     assert len(ds) == 3  # starts 0, 3, 6 (start 9 would need tokens 9..12)
@@ -14,6 +15,7 @@ def test_windows_by_hand():
         ds[3]
 
 
+@pytest.mark.grades("data.TokenWindowDataset.__getitem__")
 def test_overlapping_stride():
     ds = TokenWindowDataset(torch.arange(10), context_length=4, stride=1)
     assert len(ds) == 6

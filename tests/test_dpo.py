@@ -20,18 +20,21 @@ def one_pair(**kwargs):
     return dpo_loss(t(POLICY_C), t(POLICY_R), t(REF_C), t(REF_R), **kwargs)
 
 
+@pytest.mark.grades("dpo.dpo_loss")
 def test_dpo_loss_by_hand():
     losses, chosen, rejected = one_pair(beta=0.1)
     assert losses.item() == pytest.approx(math.log(1 + math.exp(-0.2)))  # −log σ(0.2) = 0.598139
     assert chosen.item() == pytest.approx(0.1) and rejected.item() == pytest.approx(-0.1)  # β (log π − log π_ref)
 
 
+@pytest.mark.grades("dpo.dpo_loss")
 def test_conservative_dpo_flips_each_label_with_probability_epsilon():
     losses, _, _ = one_pair(beta=0.1, label_smoothing=0.1)
     by_hand = 0.9 * math.log(1 + math.exp(-0.2)) + 0.1 * math.log(1 + math.exp(0.2))  # 0.9·0.598139 + 0.1·0.798139
     assert losses.item() == pytest.approx(by_hand) and by_hand == pytest.approx(0.618139, abs=1e-6)
 
 
+@pytest.mark.grades("dpo.dpo_loss")
 def test_beta_and_epsilon_away_from_their_defaults():
     losses, chosen, rejected = one_pair(beta=0.5, label_smoothing=0.2)  # βh = 1
     by_hand = 0.8 * math.log(1 + math.exp(-1)) + 0.2 * math.log(1 + math.exp(1))  # 0.8·0.313262 + 0.2·1.313262
@@ -41,6 +44,7 @@ def test_beta_and_epsilon_away_from_their_defaults():
     assert ipo.item() == pytest.approx((2 - 2.5) ** 2)  # target margin 1/(2·0.2) = 2.5 nats: 0.25
 
 
+@pytest.mark.grades("dpo.dpo_loss")
 def test_ipo_is_the_squared_distance_to_a_target_margin():
     losses, _, _ = one_pair(beta=0.1, loss_type="ipo")
     assert losses.item() == pytest.approx((2 - 1 / (2 * 0.1)) ** 2)  # (2 − 5)² = 9
@@ -49,6 +53,7 @@ def test_ipo_is_the_squared_distance_to_a_target_margin():
     assert at_target.item() == 0.0  # IPO stops pushing at the margin 1/(2β); DPO never does
 
 
+@pytest.mark.grades("dpo.dpo_loss")
 def test_the_loss_is_stable_for_huge_margins_and_its_gradient_points_the_right_way():
     pc = torch.tensor([0.0, 0.0], requires_grad=True)
     pr = torch.tensor([-1e4, 1e4], requires_grad=True)

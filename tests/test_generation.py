@@ -74,6 +74,7 @@ def test_seeded_sampling_repeats(model):
     assert torch.equal(g(3), g(3)) and not torch.equal(g(3), g(4))
 
 
+@pytest.mark.grades("generation.filter_logits")
 def test_top_p_by_hand():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = lambda p: torch.isfinite(filter_logits(logits, top_p=p)).int().tolist()[0]
@@ -81,8 +82,13 @@ def test_top_p_by_hand():
     assert kept(0.81) == [1, 1, 1, 0]
     assert kept(0.3) == [1, 0, 0, 0]  # the most likely token always stays
     assert torch.isfinite(filter_logits(logits, top_k=2)).int().tolist()[0] == [1, 1, 0, 0]
+    # the same probabilities shuffled: the nucleus is the same tokens wherever they sit in the vocabulary
+    shuffled = torch.log(torch.tensor([[0.15, 0.5, 0.05, 0.3]]))
+    assert torch.isfinite(filter_logits(shuffled, top_p=0.8)).int().tolist()[0] == [0, 1, 0, 1]
+    assert torch.isfinite(filter_logits(shuffled, top_k=3)).int().tolist()[0] == [1, 1, 0, 1]
 
 
+@pytest.mark.grades("generation.filter_logits")
 def test_top_k_and_top_p_never_sample_outside_their_set():
     torch.manual_seed(0)
     logits = torch.randn(4, 30) * 2
@@ -115,6 +121,7 @@ def test_temperature_zero_is_argmax():
     assert sample_next(logits, temperature=0).item() == 1
 
 
+@pytest.mark.grades("generation.token_logprobs")
 def test_token_logprobs_by_hand_and_stable():
     logits = torch.log(torch.tensor([[[0.2, 0.3, 0.5], [0.6, 0.3, 0.1]]]))
     lp = token_logprobs(logits, torch.tensor([[2, 0]]))
@@ -142,6 +149,7 @@ def test_generation_restores_training_mode(model):
     model.eval()
 
 
+@pytest.mark.grades("generation.sequence_logprobs")
 def test_sequence_logprobs_of_left_padded_rows_equal_each_row_alone(model):
     rows = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15]]
     ids, mask = left_pad(rows, pad_id=0)  # (3, 7), as generate() returns a rollout
@@ -158,6 +166,7 @@ def test_sequence_logprobs_of_left_padded_rows_equal_each_row_alone(model):
             assert (lp[i, : ids.size(1) - len(r)] == 0).all()  # padding (and the first token, with no prefix) gets none
 
 
+@pytest.mark.grades("generation.sequence_logprobs")
 def test_sequence_logprobs_align_with_the_completion_mask_and_carry_gradients():
     torch.manual_seed(0)
     m = GPT(GPTConfig(vocab_size=40, context_length=48, n_layer=1, n_head=2, n_embd=16))
@@ -177,6 +186,7 @@ def test_sequence_logprobs_align_with_the_completion_mask_and_carry_gradients():
         assert (lp[i] * completion[i]).sum().item() == pytest.approx(by_hand, abs=1e-4)
 
 
+@pytest.mark.grades("generation.sequence_logprobs")
 def test_sequence_logprobs_of_right_padded_rows_equal_each_row_alone(model):
     """Preference data and SFT batches are padded on the right: the same values, and 0 wherever the target is padding."""
     rows = [[1, 2, 3, 4, 5], [6, 7, 8]]

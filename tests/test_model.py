@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ def tiny(**kw):
     return GPTConfig(**{**dict(vocab_size=50, context_length=32, n_layer=2, n_head=2, n_embd=16), **kw})
 
 
+@pytest.mark.grades("model.Block.forward")
 def test_explicit_and_sdpa_models_agree():
     torch.manual_seed(0)
     a = GPT(tiny(attn_impl="explicit")).eval()
@@ -36,6 +38,7 @@ def test_left_padded_rows_compute_the_same_logits_as_alone(impl):
         assert torch.allclose(batched[i, T - len(r):], alone[0], atol=1e-5)
 
 
+@pytest.mark.grades("attention.KVCache.update")
 def test_cached_forward_matches_full_forward_with_padding():
     torch.manual_seed(0)
     model = GPT(tiny()).eval()
@@ -101,3 +104,59 @@ def test_eval_mode_turns_dropout_off_and_restores_each_mode_even_on_error():
             assert not a.training and not a.drop.training and not b.training
             raise RuntimeError("boom")
     assert a.training and a.drop.training and not b.training
+
+
+# ----------------------------------------------------------------------------- an independent reference, in NumPy
+
+
+def numpy_gpt_forward(model: GPT, idx: np.ndarray) -> np.ndarray:
+    """GPT-2's forward pass written again from the paper's equations, in float64 NumPy, reading only the weights:
+    h = E[idx] + P[0..T); per block h += attn(LN1(h)), h += MLP(LN2(h)); logits = LN_f(h) E^T."""
+    w = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    n_head = model.config.n_head
+
+    def layer_norm(x, name):
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + 1e-5) * w[f"{name}.weight"] + w[f"{name}.bias"]
+
+    def gelu(x):  # the tanh approximation GPT-2 uses
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+    def linear(x, name):
+        return x @ w[f"{name}.weight"].T + w[f"{name}.bias"]
+
+    B, T = idx.shape
+    h = w["wte.weight"][idx] + w["wpe.weight"][np.arange(T)]  # (B, T, C)
+    C = h.shape[-1]
+    D = C // n_head
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)  # key j > query i
+    for i in range(model.config.n_layer):
+        p = f"blocks.{i}"
+        qkv = linear(layer_norm(h, f"{p}.ln_1"), f"{p}.attn.c_attn")  # (B, T, 3C)
+        heads = []
+        for hd in range(n_head):
+            q = qkv[..., hd * D:(hd + 1) * D]
+            k = qkv[..., C + hd * D:C + (hd + 1) * D]
+            v = qkv[..., 2 * C + hd * D:2 * C + (hd + 1) * D]
+            s = q @ k.transpose(0, 2, 1) / np.sqrt(D)  # (B, T, T)
+            s[:, future] = -np.inf
+            a = np.exp(s - s.max(-1, keepdims=True))
+            heads.append((a / a.sum(-1, keepdims=True)) @ v)  # (B, T, D)
+        h = h + linear(np.concatenate(heads, -1), f"{p}.attn.c_proj")
+        h = h + linear(gelu(linear(layer_norm(h, f"{p}.ln_2"), f"{p}.mlp.c_fc")), f"{p}.mlp.c_proj")
+    return layer_norm(h, "ln_f") @ w["wte.weight"].T  # (B, T, V)
+
+
+@pytest.mark.grades("model.Block.forward", "attention.CausalSelfAttention.forward")
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_forward_matches_an_independent_numpy_gpt2(impl):
+    torch.manual_seed(0)
+    model = GPT(tiny(attn_impl=impl, n_head=4, n_embd=32)).eval()
+    with torch.no_grad():  # every LayerNorm and bias away from its initial value, so a swapped one shows
+        for name, p in model.named_parameters():
+            if name.endswith(".bias") or "ln_" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    idx = torch.randint(0, 50, (2, 11))
+    ours = model(idx).double().detach().numpy()
+    error = float(np.abs(ours - numpy_gpt_forward(model, idx.numpy())).max())
+    assert error < 1e-4, f"the logits differ from an independent NumPy GPT-2 by up to {error:.2e}"

@@ -27,6 +27,7 @@ from llm_from_scratch.policy_gradient import (
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 
 
+@pytest.mark.grades("policy_gradient.rloo_advantages")
 def test_rloo_leaves_each_sample_out_of_its_own_baseline():
     # prompt A: rewards 1, 0, 0, 1 -> sample 0's baseline is mean(0, 0, 1) = 1/3, so its advantage is 2/3
     # prompt B: rewards 3, 1, 2, 2 -> sample 0's baseline is mean(1, 2, 2) = 5/3, so 4/3; sample 1: 1 - 7/3 = -4/3
@@ -38,6 +39,7 @@ def test_rloo_leaves_each_sample_out_of_its_own_baseline():
     assert torch.equal(rloo_advantages(torch.tensor([0.5, 0.5, 0.5]), 3), torch.zeros(3))
 
 
+@pytest.mark.grades("policy_gradient.rloo_advantages")
 def test_rloo_baseline_never_sees_the_sample_it_judges():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     changed = rewards.clone()
@@ -49,6 +51,7 @@ def test_rloo_baseline_never_sees_the_sample_it_judges():
         rloo_advantages(rewards, 3)
 
 
+@pytest.mark.grades("policy_gradient.grpo_advantages")
 def test_grpo_advantages_by_hand():
     # group 1: rewards 1, 0, 0, 1: mean 1/2, sample std sqrt(((1/2)^2 * 4) / 3) = sqrt(1/3)
     # group 2: all equal -> every advantage 0 (not nan), whatever the scale
@@ -62,6 +65,7 @@ def test_grpo_advantages_by_hand():
         grpo_advantages(rewards, 4, scale="batch")
 
 
+@pytest.mark.grades("policy_gradient.kl_k3")
 def test_kl_estimators_on_explicit_distributions():
     # pi = (0.5, 0.3, 0.2), ref = (0.2, 0.3, 0.5): KL(pi||ref) = sum pi log(pi/ref), by hand
     pi, ref = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
@@ -77,11 +81,15 @@ def test_kl_estimators_on_explicit_distributions():
     assert torch.equal(kl_k1(logp, logp), torch.zeros(3)) and torch.equal(kl_k3(logp, logp), torch.zeros(3))
 
 
+@pytest.mark.grades("policy_gradient.masked_mean")
 def test_masked_means_ignore_padding():
     x = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 0.0, -7.0, -7.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     assert masked_mean(x, mask).item() == pytest.approx((1 + 2 + 3 + 4 + 0) / 5)
     assert torch.allclose(masked_mean(x, mask, dim=1), torch.tensor([2.0, 2.0]))
+    # a row without a single real token (a completion cut to nothing) gives 0, not 0/0
+    empty = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]])
+    assert masked_mean(x, empty, dim=1).tolist() == [1.5, 0.0]
     white = masked_whiten(x, mask)
     assert (white[mask == 0] == 0).all()
     assert masked_mean(white, mask).item() == pytest.approx(0.0, abs=1e-6)
@@ -117,6 +125,7 @@ def test_policy_gradient_step_moves_probability_to_the_rewarded_token():
     assert torch.softmax(logits, -1)[1] > 0.9
 
 
+@pytest.mark.grades("policy_gradient.clipped_policy_loss")
 def test_clipped_loss_ratio_is_one_on_the_first_epoch_and_clips_after():
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]], requires_grad=True)
     mask = torch.ones(2, 2)
@@ -132,6 +141,12 @@ def test_clipped_loss_ratio_is_one_on_the_first_epoch_and_clips_after():
     loss.backward()
     assert clipfrac.item() == pytest.approx(0.5) and torch.equal(moved.grad[0], torch.zeros(2))
     assert loss.item() == pytest.approx((-1.2 * 1.0 + 2.0) / 2)
+    # a step that went too far the wrong way is not forgiven: ratio e^0.5 with A < 0 keeps the unclipped term
+    # -ρA = 1.65·2 (the larger loss) and its gradient; ratio e^-0.5 with A > 0 keeps ρA = 0.61 likewise
+    worse = (logp.detach() + torch.tensor([[-0.5, -0.5], [0.5, 0.5]])).requires_grad_()
+    loss, clipfrac = clipped_policy_loss(worse, logp.detach(), adv, mask)
+    assert loss.item() == pytest.approx((-math.exp(-0.5) * 1.0 + math.exp(0.5) * 2.0) / 2, rel=1e-6)
+    assert clipfrac.item() == 0.0
 
 
 def test_moving_average_baseline_uses_only_past_batches():

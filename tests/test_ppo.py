@@ -36,12 +36,14 @@ ADVANTAGES = [1.3760384, 0.71672, 1.176, 1.8]
 RETURNS = [a + v for a, v in zip(ADVANTAGES, VALUES)]
 
 
+@pytest.mark.grades("ppo.compute_gae")
 def test_gae_by_hand():
     adv, ret = compute_gae(torch.tensor([REWARDS]), torch.tensor([VALUES]), torch.ones(1, 4), gamma=0.9, lam=0.8)
     assert torch.allclose(adv, torch.tensor([ADVANTAGES]), atol=1e-6)
     assert torch.allclose(ret, torch.tensor([RETURNS]), atol=1e-6)
 
 
+@pytest.mark.grades("ppo.compute_gae")
 def test_gae_limits_lambda_one_is_return_minus_value_and_zero_is_the_td_error():
     r, v, m = torch.tensor([REWARDS]), torch.tensor([VALUES]), torch.ones(1, 4)
     mc, _ = compute_gae(r, v, m, gamma=1.0, lam=1.0)
@@ -50,6 +52,7 @@ def test_gae_limits_lambda_one_is_return_minus_value_and_zero_is_the_td_error():
     assert torch.allclose(td, torch.tensor([[0.86, -0.13, -0.12, 1.8]]))
 
 
+@pytest.mark.grades("ppo.compute_gae")
 def test_gae_of_padded_rows_equals_each_row_alone():
     # row 0: the episode after 2 prompt columns; row 1 (in the middle): a 2-token episode, then padding;
     # row 2: the episode right-padded. Values and rewards on padding are junk that must not leak in.
@@ -65,6 +68,7 @@ def test_gae_of_padded_rows_equals_each_row_alone():
     assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
 
 
+@pytest.mark.grades("ppo.per_token_rewards")
 def test_the_score_lands_on_the_last_real_token():
     mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
     assert last_token_index(mask).tolist() == [3, 1]

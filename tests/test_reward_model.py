@@ -20,6 +20,7 @@ def rm(seed=0):
     return RewardModel(GPT(GPTConfig(vocab_size=30, context_length=32, n_layer=2, n_head=2, n_embd=16))).eval()
 
 
+@pytest.mark.grades("reward_model.bradley_terry_loss")
 def test_bradley_terry_by_hand():
     loss = bradley_terry_loss(torch.tensor([2.0, 0.0]), torch.tensor([0.0, 0.0]))
     by_hand = (math.log(1 + math.exp(-2)) + math.log(2)) / 2  # -log σ(2), -log σ(0)
@@ -34,6 +35,7 @@ def test_metrics_by_hand():
     assert (m["min_reward"], m["max_reward"], m["mean_reward"]) == (0.0, 3.0, pytest.approx(1.0))
 
 
+@pytest.mark.grades("reward_model.RewardModel.forward")
 def test_reward_is_read_at_the_last_real_token_whatever_the_padding():
     model = rm()
     seq = [3, 4, 5, 6]
@@ -49,6 +51,7 @@ def test_reward_is_read_at_the_last_real_token_whatever_the_padding():
     assert model(ids, mask)[0].item() != pytest.approx(r_alone.item(), abs=1e-4)
 
 
+@pytest.mark.grades("reward_model.RewardModel.forward")
 def test_left_and_right_padding_give_the_same_rewards():
     """A rollout from generate() is left-padded; preference data is right-padded: the same rows, the same rewards."""
     from llm_from_scratch.generation import left_pad

@@ -15,6 +15,7 @@ def tok():
     return Tokenizer.train(TEXT, 300)
 
 
+@pytest.mark.grades("data.sft_collate")
 def test_collate_masks_prompt_and_padding_by_hand():
     # ids of 5 tokens, the first 3 are prompt: targets 11, 12 are prompt -> -100; 13, 14 are the response
     x, y = sft_collate([([10, 11, 12, 13, 14], 3), ([20, 21, 22], 2)], pad_id=99)
@@ -24,11 +25,13 @@ def test_collate_masks_prompt_and_padding_by_hand():
     assert y_all.tolist() == [[11, 12, 13, 14], [21, 22, -100, -100]]  # padding never has a target
 
 
+@pytest.mark.grades("data.sft_collate")
 def test_prompt_only_sequence_gets_no_loss():
     _, y = sft_collate([([1, 2, 3, 4], 4)], pad_id=0)
     assert (y == -100).all()
 
 
+@pytest.mark.grades("data.sft_collate", "train.lm_loss")
 def test_masked_loss_equals_the_response_tokens_loss_by_hand():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=20, context_length=16, n_layer=1, n_head=1, n_embd=8)).eval()

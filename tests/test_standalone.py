@@ -5,7 +5,6 @@ imports only modules of its own or an earlier chapter, so the book's order is vi
 module together with its few predecessors.
 """
 
-import ast
 import shutil
 import subprocess
 import sys
@@ -13,47 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from llm_from_scratch.classroom import CHAPTER, closure, package_imports
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "llm_from_scratch"
 
-# module -> chapter (0: cross-cutting helpers; A, B, C appendices as 11, 12, 13)
-CHAPTER = {
-    "device": 0, "checkpoint": 0, "plots": 0,
-    "tinyworld": 1, "tokenizer": 1, "data": 1,
-    "attention": 2, "model": 3, "generation": 3, "train": 4, "sft": 5, "reward_model": 6,
-    "policy_gradient": 7, "ppo": 8, "dpo": 9, "arena": 10,
-    "lora": 11, "distributed": 12, "gpt2_weights": 13,
-}
 MODULES = sorted(p.stem for p in PKG.glob("*.py") if p.stem != "__init__")
-
-
-def package_imports(path: Path) -> set[str]:
-    """Names of the llm_from_scratch modules that `path` imports (absolute or relative imports)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1 or node.module == "llm_from_scratch":  # from . import x / from llm_from_scratch import x
-                if node.module and node.level == 1:
-                    found.add(node.module.split(".")[0])
-                else:
-                    found.update(alias.name for alias in node.names)
-            elif node.module and node.module.startswith("llm_from_scratch."):
-                found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("llm_from_scratch."):
-                    found.add(alias.name.split(".")[1])
-    return found
-
-
-def closure(module: str) -> set[str]:
-    todo, seen = [module], set()
-    while todo:
-        m = todo.pop()
-        if m not in seen:
-            seen.add(m)
-            todo.extend(package_imports(PKG / f"{m}.py"))
-    return seen
+# the machinery lives in the classroom kit, which builds assignments with it: package_imports(path) names the
+# package modules a file imports; closure(m) is m and everything it imports, directly or not
 
 
 def test_every_module_has_a_chapter():

@@ -41,6 +41,7 @@ def course_ranks():
     return train_bpe(MIXED, 600, pattern=COURSE_SPLIT_PATTERN)
 
 
+@pytest.mark.grades("tokenizer.merge_pair", "tokenizer.learn_merges_naive")
 def test_wikipedia_example_merges_by_hand():
     # aaabdaaabac: "aa" occurs 4 times -> 256; then Za and ab tie at 2: (97, 98) < (256, 97) -> "ab" = 257;
     # then (256, 257) = "aaab" occurs twice.
@@ -66,11 +67,13 @@ def test_stops_when_nothing_is_left_to_merge():
     assert len(ranks) == 258
 
 
+@pytest.mark.grades("tokenizer.merge_pair", "tokenizer.learn_merges_naive")
 def test_fast_equals_naive_on_mixed_text():
     for pattern in (GPT2_SPLIT_PATTERN, COURSE_SPLIT_PATTERN):
         assert learn_merges(MIXED, 500, pattern) == learn_merges_naive(MIXED, 500, pattern)
 
 
+@pytest.mark.grades("tokenizer.merge_pair", "tokenizer.learn_merges_naive")
 @settings(max_examples=60, deadline=None)
 @given(st.text(alphabet="abc d", min_size=1, max_size=120), st.integers(256, 300))
 def test_fast_equals_naive_on_random_small_alphabets(text, vocab_size):

@@ -8,7 +8,7 @@ from llm_from_scratch.checkpoint import load_train_state, read_jsonl
 from llm_from_scratch.data import WindowSampler
 from llm_from_scratch.device import choose_dtype
 from llm_from_scratch.model import GPT, GPTConfig
-from llm_from_scratch.train import (TrainConfig, configure_optimizer, evaluate, fastest_dtype, lm_loss, load_gpt, lr_at,
+from llm_from_scratch.train import (TrainConfig, accumulate_gradients, configure_optimizer, evaluate, fastest_dtype, lm_loss, load_gpt, lr_at,
                                    optimizer_step, save_gpt, train)
 
 
@@ -20,6 +20,7 @@ def small_model(dropout=0.0, seed=0):
 TOKENS = torch.randint(0, 30, (2000,), generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.grades("train.lr_at")
 def test_lr_schedule_by_hand():
     cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
     assert lr_at(0, cfg) == pytest.approx(0.1)  # (0 + 1) / 10
@@ -37,6 +38,7 @@ def test_weight_decay_only_on_matrices():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
+@pytest.mark.grades("train.lm_loss")
 def test_loss_ignores_masked_targets():
     model = small_model().eval()
     x = torch.randint(0, 30, (2, 8))
@@ -175,3 +177,39 @@ def test_fastest_dtype_leaves_the_model_as_it_was():
     assert choose_dtype("auto", "cpu") == "float32" and choose_dtype("float32", "cpu", measure=lambda: "bfloat16") == "float32"
     with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
         choose_dtype("fp8", "cpu")
+
+
+@pytest.mark.grades("train.accumulate_gradients")
+def test_accumulated_gradients_equal_one_big_batch():
+    # 3 micro-batches with equally many targets: (1/3) Σ_k ∇L_k is the gradient of the big batch's mean loss
+    model = small_model()
+    x, y = WindowSampler(TOKENS, 16, 6).batch(0)  # (6, 16)
+    y = y.clone()
+    y[:, :4] = -100  # the same number of targets in every row, so in every micro-batch
+    big = lm_loss(model, x, y)
+    big.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    micro = [(x[i:i + 2], y[i:i + 2]) for i in range(0, 6, 2)]
+    loss, tokens = accumulate_gradients(model, micro)
+    assert loss == pytest.approx(big.item(), abs=1e-5)
+    assert tokens == 6 * 12
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[n], atol=1e-6), n
+    accumulate_gradients(model, micro)  # a second call adds to .grad (the step is optimizer_step's job)
+    assert torch.allclose(model.wte.weight.grad, 2 * expected["wte.weight"], atol=1e-6)
+
+
+@pytest.mark.grades("data.WindowSampler.batch")
+def test_window_sampler_targets_are_the_inputs_shifted_by_one():
+    tokens = torch.arange(100)  # token i is i: a window starting at s is s, s+1, ...
+    sampler = WindowSampler(tokens, context_length=8, batch_size=5, seed=3)
+    x, y = sampler.batch(7)
+    assert x.shape == y.shape == (5, 8)
+    assert torch.equal(y, x + 1)  # the target of position t is token t+1
+    assert torch.equal(x[:, 1:] - x[:, :-1], torch.ones(5, 7, dtype=torch.long))  # consecutive tokens
+    assert int(x.min()) >= 0 and int(y.max()) <= 99  # windows inside the stream
+    x2, y2 = sampler.batch(7)
+    assert torch.equal(x, x2) and not torch.equal(x, sampler.batch(8)[0])  # a function of the step
+    starts = torch.cat([sampler.batch(s)[0][:, 0] for s in range(200)])
+    assert int(starts.max()) == 100 - 9  # the last window that fits is drawn too

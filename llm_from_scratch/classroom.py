@@ -1,0 +1,537 @@
+"""The classroom kit: any function of the library becomes an auto-graded assignment.
+
+    python -m llm_from_scratch.classroom list
+    python -m llm_from_scratch.classroom make attention.CausalSelfAttention.forward data.sft_collate --out hw3/
+    python -m llm_from_scratch.classroom make notebooks/02_attention.ipynb --out hw2/
+
+An assignment is a folder a student can run anywhere, offline:
+
+- the named modules with exactly the package files they (and their grader) import, each chosen function's body
+  replaced by the stub Jupyter's nbgrader uses, `# YOUR CODE HERE` and `raise NotImplementedError(...)`; its
+  signature, docstring (the math) and the shapes of the reference's intermediate values are kept;
+- the grader, `tests/`: the project's own unit tests that say they grade those functions, with
+  `@pytest.mark.grades("module.Class.function")`, and only those;
+- a README.md for the student: what to implement, in which order, how to run the grader (`python -m pytest`).
+
+`--solution` writes the same folder with the reference bodies between `### BEGIN SOLUTION` and `### END SOLUTION`,
+nbgrader's markers: clearing those regions (`clear_solutions`) gives the student version, for modules and notebooks
+alike. A notebook's exercise solutions carry the same markers, so `make` on a notebook writes its student version
+beside the files it runs on and a grader that executes it.
+
+This file is the instructor's tool: it reads the repository (the package and `tests/`) and is never copied into an
+assignment. It imports nothing from the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import shutil
+import sys
+import textwrap
+import tokenize
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "llm_from_scratch"
+TESTS = REPO / "tests"
+PACKAGE = "llm_from_scratch"
+MARKER = "grades"  # @pytest.mark.grades("attention.CausalSelfAttention.forward", ...)
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+STUB = "# YOUR CODE HERE"
+
+# module -> chapter (0: cross-cutting helpers; the appendices A, B, C, D as 11, 12, 13, 14)
+CHAPTER = {
+    "device": 0, "checkpoint": 0, "plots": 0,
+    "tinyworld": 1, "tokenizer": 1, "data": 1,
+    "attention": 2, "model": 3, "generation": 3, "train": 4, "sft": 5, "reward_model": 6,
+    "policy_gradient": 7, "ppo": 8, "dpo": 9, "arena": 10,
+    "lora": 11, "distributed": 12, "gpt2_weights": 13, "classroom": 14,
+}
+THIRD_PARTY = ("torch", "numpy", "tiktoken", "safetensors", "matplotlib", "tqdm", "pytest", "hypothesis", "nbclient",
+               "nbformat", "ipykernel")
+
+
+class KitError(Exception):
+    """Bad input to the kit: the CLI prints it as one line, `error: ...`, and exits with code 2."""
+
+
+# ----------------------------------------------------------------------------- which files a module needs
+
+
+def package_imports(path: Path) -> set[str]:
+    """Names of the llm_from_scratch modules that the Python file `path` imports (absolute or relative imports)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1 or node.module == PACKAGE:  # from . import x / from llm_from_scratch import x
+                if node.module and node.level == 1:
+                    found.add(node.module.split(".")[0])
+                else:
+                    found.update(alias.name for alias in node.names)
+            elif node.module and node.module.startswith(PACKAGE + "."):
+                found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(PACKAGE + "."):
+                    found.add(alias.name.split(".")[1])
+    return found
+
+
+def closure(*modules: str, pkg: Path = PKG) -> set[str]:
+    """The modules given and every package module they import, directly or not."""
+    todo, seen = list(modules), set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(package_imports(pkg / f"{m}.py"))
+    return seen
+
+
+def third_party_imports(paths: list[Path]) -> list[str]:
+    """The pip packages these files import, of those the project uses (for the student's install line)."""
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return [n for n in THIRD_PARTY if n in names]
+
+
+# ----------------------------------------------------------------------------- functions and the tests that grade them
+
+
+@dataclass
+class Target:
+    """One function that can be handed out: `module.function` or `module.Class.method`."""
+
+    name: str  # "attention.CausalSelfAttention.forward"
+    module: str  # "attention"
+    qualname: str  # "CausalSelfAttention.forward"
+    tests: list[tuple[str, str]] = field(default_factory=list)  # (test file name, test function name)
+
+    @property
+    def chapter(self) -> int:
+        return CHAPTER.get(self.module, 99)
+
+
+def find_function(tree: ast.Module, qualname: str) -> ast.FunctionDef | None:
+    """The def of `f` or `C.f` at the top level of a module's syntax tree."""
+    scope: list[ast.stmt] = tree.body
+    *outer, name = qualname.split(".")
+    for cls in outer:
+        found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == cls]
+        if not found:
+            return None
+        scope = found[0].body
+    defs = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    return defs[0] if defs else None
+
+
+def marked_targets(test_fn: ast.FunctionDef) -> list[str]:
+    """The names in a test's @pytest.mark.grades("...", ...) decorators."""
+    names = []
+    for dec in test_fn.decorator_list:
+        if (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == MARKER
+                and isinstance(dec.func.value, ast.Attribute) and dec.func.value.attr == "mark"):
+            names += [a.value for a in dec.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return names
+
+
+def grading_tests(tests: Path = TESTS) -> dict[str, list[tuple[str, str]]]:
+    """Every function some test grades -> the (file, test) pairs that grade it, from the tests' markers."""
+    graded: dict[str, list[tuple[str, str]]] = {}
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+                for name in marked_targets(node):
+                    graded.setdefault(name, []).append((path.name, node.name))
+    return graded
+
+
+def offered(tests: Path = TESTS, pkg: Path = PKG) -> list[Target]:
+    """Every function that can be handed out (a test grades it), in chapter order, then in file order."""
+    targets = []
+    for name, pairs in grading_tests(tests).items():
+        module, _, qualname = name.partition(".")
+        source = pkg / f"{module}.py"
+        node = find_function(ast.parse(source.read_text()), qualname) if source.is_file() else None
+        if node is None:
+            raise KitError(f"{pairs[0][0]}::{pairs[0][1]} grades {name!r}, which is not in {PACKAGE}/")
+        targets.append((CHAPTER.get(module, 99), module, node.lineno, Target(name, module, qualname, pairs)))
+    return [t for *_, t in sorted(targets, key=lambda x: x[:3])]
+
+
+def resolve(names: list[str], tests: Path = TESTS, pkg: Path = PKG) -> list[Target]:
+    """The targets for names as an instructor types them; a clear KitError for anything that cannot be handed out."""
+    by_name = {t.name: t for t in offered(tests, pkg)}
+    chosen = []
+    for raw in names:
+        name = raw.removeprefix(PACKAGE + ".")
+        module, _, qualname = name.partition(".")
+        if not (pkg / f"{module}.py").is_file() or module == "__init__":
+            raise KitError(f"{raw}: there is no module {module!r} in {PACKAGE}/ (try `list`)")
+        if not qualname or find_function(ast.parse((pkg / f"{module}.py").read_text()), qualname) is None:
+            raise KitError(f"{raw}: {PACKAGE}/{module}.py has no function {qualname or '(none given)'!r} "
+                           f"(name it as module.function or module.Class.method)")
+        if name not in by_name:
+            raise KitError(f"{raw}: no test grades this function (mark a test with @pytest.mark.grades({name!r}) "
+                           f"before handing it out)")
+        if by_name[name] not in chosen:
+            chosen.append(by_name[name])
+    return sorted(chosen, key=lambda t: list(by_name).index(t.name))
+
+
+# ----------------------------------------------------------------------------- solution regions: mark and clear
+
+
+SHAPE = re.compile(r"\((?:[A-Z][\w+\-*/ ]*|\d+)(?:,\s*(?:[A-Za-z][\w+\-*/ ]*|\d+))*,?\)")
+
+
+def shape_notes(lines: list[str]) -> list[str]:
+    """`name: (B, T, C)` for each line of a body whose comment gives a shape: the shapes a solution passes through."""
+    notes = []
+    try:
+        tokens = list(tokenize.generate_tokens(StringIO("\n".join(lines) + "\n").readline))
+    except (tokenize.TokenError, IndentationError):
+        return notes
+    for tok in tokens:
+        if tok.type != tokenize.COMMENT or not SHAPE.search(tok.string):
+            continue
+        code = lines[tok.start[0] - 1][: tok.start[1]].strip()
+        comment = tok.string.lstrip("#").strip()
+        if not code:
+            continue
+        if code.startswith("return"):
+            notes.append(f"returns: {comment}")
+        elif re.match(r"^[\w\s,.\[\]:]+?(?<![=!<>])=(?!=)", code):
+            notes.append(f"{code.split('=')[0].strip()}: {comment}")
+    return notes
+
+
+def mark_solution(source: str, qualname: str) -> str:
+    """The module source with the body of `qualname` (after its docstring) between nbgrader's solution markers,
+    preceded by the shapes its reference computes."""
+    node = find_function(ast.parse(source), qualname)
+    if node is None:
+        raise KitError(f"no function {qualname!r}")
+    lines = source.splitlines()
+    body = node.body
+    has_doc = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
+    if has_doc and len(body) == 1:
+        raise KitError(f"{qualname} has no body to hand out")
+    if body[0].lineno == node.lineno:
+        raise KitError(f"{qualname}: a one-line function cannot be handed out")
+    start = body[0].end_lineno if has_doc else body[0].lineno - 1  # 0-based index of the region's first line
+    end = node.end_lineno  # 0-based index one past the region's last line
+    indent = " " * body[1 if has_doc else 0].col_offset
+    region = lines[start:end]
+    notes = shape_notes(region)
+    head = [f"{indent}# Shapes the reference passes through:"] + [f"{indent}#   {n}" for n in notes] if notes else []
+    new = lines[:start] + head + [f"{indent}{BEGIN}"] + region + [f"{indent}{END}"] + lines[end:]
+    return "\n".join(new) + "\n"
+
+
+def clear_solutions(text: str, messages: list[str] | None = None) -> str:
+    """Replace each `### BEGIN SOLUTION` ... `### END SOLUTION` region by nbgrader's stub, at the marker's indentation:
+    `# YOUR CODE HERE` and `raise NotImplementedError()` (with messages[i] as the i-th region's message, if given)."""
+    out, inside, n = [], None, 0
+    for i, line in enumerate(text.split("\n"), 1):
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if inside is not None:
+                raise KitError(f"line {i}: {BEGIN} inside another solution region")
+            inside = line[: len(line) - len(line.lstrip())]
+            message = repr(messages[n]) if messages else ""
+            out += [f"{inside}{STUB}", f"{inside}raise NotImplementedError({message})"]
+            n += 1
+        elif stripped == END:
+            if inside is None:
+                raise KitError(f"line {i}: {END} without {BEGIN}")
+            inside = None
+        elif inside is None:
+            out.append(line)
+    if inside is not None:
+        raise KitError(f"{BEGIN} never closed")
+    return "\n".join(out)
+
+
+def strip_markers(text: str) -> str:
+    """The text with the marker lines removed (the reference exactly as the library holds it)."""
+    return "\n".join(line for line in text.split("\n") if line.strip() not in (BEGIN, END))
+
+
+# ----------------------------------------------------------------------------- the grader
+
+
+def grader_source(path: Path, names: set[str]) -> str:
+    """A test file cut down to the tests that grade any of `names`, with everything they may need (imports,
+    helpers, fixtures, constants) kept as it is."""
+    source = path.read_text()
+    lines = source.splitlines()
+    drop = []
+    for node in ast.parse(source).body:
+        is_test = isinstance(node, ast.FunctionDef) and node.name.startswith("test")
+        if is_test and not set(marked_targets(node)) & names:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            drop.append((first - 1, node.end_lineno))
+    for start, end in reversed(drop):
+        del lines[start:end]
+        while start < len(lines) and start > 0 and not lines[start].strip() and not lines[start - 1].strip():
+            del lines[start]  # no runs of blank lines where tests were
+    return "\n".join(lines).rstrip() + "\n"
+
+
+PYTEST_INI = f"""[pytest]
+testpaths = tests
+pythonpath = .
+addopts = -p no:cacheprovider
+markers =
+    {MARKER}(*functions): the functions of the assignment this test grades
+    slow: a longer test
+"""
+
+
+def signature_and_docstring(t: Target, pkg: Path = PKG) -> list[str]:
+    """The lines of a function from its `def` to the end of its docstring, dedented: what the student is given."""
+    lines = (pkg / f"{t.module}.py").read_text().splitlines()
+    node = find_function(ast.parse("\n".join(lines)), t.qualname)
+    first = node.body[0]
+    has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    block = lines[node.lineno - 1: first.end_lineno if has_doc else first.lineno - 1]
+    return textwrap.dedent("\n".join(block)).split("\n")
+
+
+def student_readme(targets: list[Target], modules: set[str], needs: list[str], solution: bool) -> str:
+    """The README.md of an assignment: what to implement, in which order, and how to check it."""
+    title = "Solution" if solution else "Assignment"
+    out = [f"# {title}: {', '.join(t.qualname for t in targets)}", ""]
+    if solution:
+        out += ["This is the instructor's copy: every function holds its reference body between `### BEGIN SOLUTION` "
+                "and `### END SOLUTION`, and the grader passes. The student's copy is the same folder made without "
+                "`--solution`.", ""]
+    out += [f"This folder is a small piece of the `{PACKAGE}` course: the package files in `{PACKAGE}/` "
+            f"({', '.join(sorted(m + '.py' for m in modules))}) and the tests in `tests/` that grade your work.",
+            "", "## What to implement, in this order", ""]
+    for i, t in enumerate(targets, 1):
+        out += [f"{i}. **`{t.qualname}`** in `{PACKAGE}/{t.module}.py` (chapter {t.chapter}), graded by "
+                f"{len(t.tests)} test{'s' if len(t.tests) != 1 else ''}: "
+                + ", ".join(f"`{f}::{n}`" for f, n in t.tests), "",
+                "   ```python", *[f"   {line}".rstrip() for line in signature_and_docstring(t)], "   ```", ""]
+    out += ["Replace each `# YOUR CODE HERE` / `raise NotImplementedError(...)` with your code. Keep the signature; "
+            "the docstring and the shape comments above the stub say what the function computes. Do not edit "
+            "anything else: the other functions are the course's reference code, and the tests call them too.", "",
+            "## Check your work", "", "```bash", f"pip install {' '.join(needs)}", "python -m pytest", "```", "",
+            "Every test runs offline in seconds. A failing test prints the value it expected and the one your code "
+            "gave; `python -m pytest -x -q` stops at the first. Later functions in the list may call earlier ones, "
+            "so make the grader pass in order.", ""]
+    return "\n".join(out)
+
+
+def prepare_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise KitError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise KitError(f"--out {out}: the folder exists and is not empty (pass --force to replace its contents)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def make_assignment(names: list[str], out: str | Path, solution: bool = False, force: bool = False,
+                    tests: Path = TESTS, pkg: Path = PKG) -> list[Target]:
+    """Write the assignment for these functions into `out` (see the module docstring). Returns its targets."""
+    targets = resolve(names, tests, pkg)
+    out = Path(out)
+    chosen = {t.name for t in targets}
+    graders = {}  # test file name -> its cut-down source
+    for t in targets:
+        for file, _ in t.tests:
+            graders.setdefault(file, grader_source(tests / file, chosen))
+    prepare_out(out, force)
+    (out / "tests").mkdir()
+    needed_by_tests = set()
+    for file, text in graders.items():
+        (out / "tests" / file).write_text(text)
+        needed_by_tests |= package_imports(out / "tests" / file)
+    modules = closure(*{t.module for t in targets}, *needed_by_tests, pkg=pkg)
+    (out / PACKAGE).mkdir()
+    shutil.copy(pkg / "__init__.py", out / PACKAGE / "__init__.py")
+    for m in sorted(modules):
+        source = (pkg / f"{m}.py").read_text()
+        here = [t for t in targets if t.module == m]  # in file order
+        for t in here:
+            source = mark_solution(source, t.qualname)
+        if not solution:
+            source = clear_solutions(source, [f"{t.qualname}: your code here" for t in here])
+        (out / PACKAGE / f"{m}.py").write_text(source)
+    (out / "pytest.ini").write_text(PYTEST_INI)
+    files = [out / PACKAGE / f"{m}.py" for m in modules] + [out / "tests" / f for f in graders]
+    needs = third_party_imports(files)
+    (out / "README.md").write_text(student_readme(targets, modules, needs, solution))
+    return targets
+
+
+# ----------------------------------------------------------------------------- notebooks
+
+
+NOTEBOOK_GRADER = '''"""Grade the notebook: run it top to bottom in quick mode; every exercise checks its own answer.
+
+A cell that raises (the `raise NotImplementedError()` of an unsolved exercise, or a failed check after a
+solution) fails the test with the cell and its traceback."""
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / {name!r}
+
+
+@pytest.mark.grades({name!r})
+def test_notebook_runs_and_its_exercises_check_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMFS_QUICK", os.environ.get("LLMFS_QUICK", "1"))  # quick mode unless asked otherwise
+    monkeypatch.setenv("LLMFS_RUNS_DIR", os.environ.get("LLMFS_RUNS_DIR", str(ROOT / "runs")))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={{"metadata": {{"path": str(NOTEBOOK.parent)}}}})
+    client.execute()  # raises CellExecutionError naming the failing cell
+'''
+
+
+def notebook_regions(nb: dict) -> int:
+    """How many solution regions the notebook's code cells hold."""
+    return sum("".join(c["source"]).count(BEGIN) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def student_notebook(nb: dict) -> dict:
+    """The notebook with every solution region cleared and the outputs of those cells removed (they would give
+    the answers away); every other cell as it is."""
+    nb = json.loads(json.dumps(nb))
+    for cell in nb["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "code" and BEGIN in text:
+            cleared = clear_solutions(text)
+            cell["source"] = cleared.splitlines(keepends=True)
+            cell["outputs"], cell["execution_count"] = [], None
+    return nb
+
+
+def make_notebook(path: str | Path, out: str | Path, solution: bool = False, force: bool = False) -> int:
+    """Write the student version of a course notebook (or, with `solution`, the notebook as it is) into
+    out/notebooks/, beside the package and chapter scripts it runs on and a grader that executes it.
+    Returns the number of exercise regions cleared."""
+    path, out = Path(path), Path(out)
+    if not path.is_file():
+        raise KitError(f"{path}: no such notebook")
+    try:
+        nb = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise KitError(f"{path}: not a notebook (line {e.lineno}: {e.msg})") from None
+    regions = notebook_regions(nb)
+    if regions == 0:
+        raise KitError(f"{path}: no cell is marked with {BEGIN} / {END}, so there is nothing to hand out")
+    prepare_out(out, force)
+    (out / "notebooks").mkdir()
+    written = nb if solution else student_notebook(nb)
+    (out / "notebooks" / path.name).write_text(json.dumps(written, indent=1, ensure_ascii=False) + "\n")
+    shutil.copytree(PKG, out / PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "classroom.py"))
+    if (REPO / "chapters").is_dir():  # a notebook builds the earlier chapters' runs it needs with their scripts
+        shutil.copytree(REPO / "chapters", out / "chapters", ignore=shutil.ignore_patterns("__pycache__"))
+    (out / "tests").mkdir()
+    (out / "tests" / "test_notebook.py").write_text(NOTEBOOK_GRADER.format(name=path.name))
+    (out / "pytest.ini").write_text(PYTEST_INI)
+    title = "Solution" if solution else "Assignment"
+    (out / "README.md").write_text("\n".join([
+        f"# {title}: notebook {path.stem}", "",
+        f"Open `notebooks/{path.name}` and work through it. Its {regions} exercise solution"
+        f"{'s are' if regions != 1 else ' is'} {'between `### BEGIN SOLUTION` and `### END SOLUTION`' if solution else 'yours to write: replace each `# YOUR CODE HERE` / `raise NotImplementedError()`'}; "
+        "the lines after each region check the answer.", "",
+        "## Check your work", "", "```bash",
+        "pip install torch tiktoken numpy matplotlib tqdm safetensors jupyter pytest nbclient nbformat ipykernel",
+        "python -m pytest", "```", "",
+        "The grader runs the notebook top to bottom in quick mode (`LLMFS_QUICK=1`; set `LLMFS_QUICK=0` for the real "
+        "run) and fails on the first cell that raises: an exercise left unsolved, or one whose check fails. "
+        "The notebooks follow nbgrader's convention, so a course that runs nbgrader can also take the original notebook "
+        "as it is.", ""]))
+    return regions
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def cmd_list() -> str:
+    targets = offered()
+    rows, chapter = [], None
+    for t in targets:
+        if t.chapter != chapter:
+            chapter = t.chapter
+            rows.append(f"chapter {chapter}" if chapter <= 10 else f"appendix {'ABCD'[chapter - 11]}")
+        rows.append(f"  {t.name:<50} {len(t.tests):>2} test{'s' if len(t.tests) != 1 else ''}")
+    notebooks = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")
+                       if notebook_regions(json.loads(p.read_text())))
+    rows.append(f"{len(targets)} functions (make module.function ... --out DIR)")
+    rows.append(f"notebooks with marked exercises (make notebooks/NAME.ipynb --out DIR): "
+                f"{', '.join(n.removesuffix('.ipynb') for n in notebooks) or 'none'}")
+    return "\n".join(rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m llm_from_scratch.classroom",
+        description="Turn functions of the library (or a course notebook) into an auto-graded assignment, graded by "
+                    "the project's own unit tests.",
+        epilog="examples:\n  python -m llm_from_scratch.classroom list\n"
+               "  python -m llm_from_scratch.classroom make attention.CausalSelfAttention.forward data.sft_collate --out hw3/\n"
+               "  python -m llm_from_scratch.classroom make notebooks/02_attention.ipynb --out hw2/ --solution",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="every function that can be handed out, by chapter, with how many tests grade it")
+    make = sub.add_parser("make", help="write an assignment folder")
+    make.add_argument("what", nargs="+", help="functions as module.function or module.Class.method (see `list`), "
+                                              "or one notebook path (notebooks/NN_name.ipynb)")
+    make.add_argument("--out", required=True, help="the folder to write (must be empty or new, unless --force)")
+    make.add_argument("--solution", action="store_true", help="the instructor's copy: reference bodies between "
+                                                              "### BEGIN SOLUTION / ### END SOLUTION")
+    make.add_argument("--force", action="store_true", help="replace the contents of a non-empty --out folder")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            print(cmd_list())
+            return 0
+        notebooks = [w for w in args.what if w.endswith(".ipynb")]
+        if notebooks:
+            if len(args.what) != 1:
+                raise KitError("make: give one notebook, or functions, not both")
+            n = make_notebook(notebooks[0], args.out, args.solution, args.force)
+            print(f"wrote {args.out}: {Path(notebooks[0]).name} with {n} exercise"
+                  f"{'s' if n != 1 else ''} {'solved' if args.solution else 'cleared'}; grade it with "
+                  f"`cd {args.out} && python -m pytest`")
+            return 0
+        targets = make_assignment(args.what, args.out, args.solution, args.force)
+        n_tests = len({pair for t in targets for pair in t.tests})
+        print(f"wrote {args.out}: {len(targets)} function{'s' if len(targets) != 1 else ''} "
+              f"{'with their solutions' if args.solution else 'to implement'}, graded by {n_tests} tests; "
+              f"grade it with `cd {args.out} && python -m pytest`")
+        return 0
+    except KitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The classroom kit (llm_from_scratch/classroom.py), and proof that its graders catch wrong answers.
+
+For every function the kit offers, an assignment is built and its grader (the project's own tests for that function)
+is run from a temporary folder with the repository off sys.path: it passes on the reference, fails on the blank
+(every grading test fails), and fails on every typical wrong implementation in bugs.py.
+"""
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bugs import BUGS
+from llm_from_scratch import classroom as kit
+
+ROOT = Path(__file__).resolve().parents[2]
+OFFERED = kit.offered()
+# the headline functions of each chapter: the kit must offer at least these
+HEADLINE = {
+    "tokenizer.learn_merges_naive", "tokenizer.merge_pair",  # the BPE training step
+    "attention.CausalSelfAttention.forward", "attention.explicit_attention", "attention.KVCache.update",  # KV-cache decoding
+    "model.Block.forward", "generation.filter_logits",  # nucleus sampling
+    "generation.sequence_logprobs", "train.accumulate_gradients", "data.sft_collate", "train.lm_loss",
+    "reward_model.bradley_terry_loss", "reward_model.RewardModel.forward",
+    "policy_gradient.rloo_advantages", "policy_gradient.grpo_advantages", "ppo.compute_gae",
+    "policy_gradient.clipped_policy_loss", "dpo.dpo_loss",
+}
+
+
+def run_kit(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "llm_from_scratch.classroom", *args], cwd=cwd, capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def grade(folder: Path) -> tuple[int, dict[str, list[str]], str]:
+    """Run an assignment's grader as a student would, from its own folder with nothing of the repository on the
+    path. Returns the exit code, {test function: outcomes of its instances}, and the output."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "MPLBACKEND": "Agg",
+           "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    code = (f"import sys; sys.path = [p for p in sys.path if p.rstrip('/') != {str(ROOT)!r}]; "
+            "import pytest; sys.exit(pytest.main(['-q', '-rA', '-p', 'no:cacheprovider']))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, env=env, timeout=600)
+    outcomes: dict[str, list[str]] = {}
+    for status, node in re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", run.stdout, re.M):
+        outcomes.setdefault(node.split("[")[0], []).append(status)
+    return run.returncode, outcomes, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+def plant(folder: Path, target: str, old: str, new: str) -> None:
+    """Edit `old` -> `new` inside the function `target` of an assignment (old must occur there exactly once)."""
+    module, _, qualname = target.partition(".")
+    path = folder / "llm_from_scratch" / f"{module}.py"
+    source = path.read_text()
+    node = kit.find_function(ast.parse(source), qualname)
+    lines = source.split("\n")
+    before, body, after = lines[:node.lineno - 1], "\n".join(lines[node.lineno - 1:node.end_lineno]), lines[node.end_lineno:]
+    assert body.count(old) == 1, f"{target}: the bug's text occurs {body.count(old)} times in the reference:\n{old}"
+    path.write_text("\n".join(before + [body.replace(old, new)] + after))
+
+
+# ----------------------------------------------------------------------------- what is offered
+
+
+def test_the_kit_offers_every_headline_function():
+    assert HEADLINE <= {t.name for t in OFFERED}, HEADLINE - {t.name for t in OFFERED}
+
+
+def test_every_offered_function_has_its_math_and_at_least_three_catalogued_bugs():
+    for t in OFFERED:
+        source = (ROOT / "llm_from_scratch" / f"{t.module}.py").read_text()
+        assert ast.get_docstring(kit.find_function(ast.parse(source), t.qualname)), f"{t.name} has no docstring"
+        assert len(BUGS.get(t.name, [])) >= 3, f"{t.name}: catalogue at least 3 typical wrong implementations"
+    assert set(BUGS) <= {t.name for t in OFFERED}, set(BUGS) - {t.name for t in OFFERED}
+
+
+def test_list_groups_by_chapter_and_counts_tests():
+    run = run_kit("list")
+    assert run.returncode == 0, run.stderr
+    assert "chapter 2" in run.stdout and re.search(r"attention\.CausalSelfAttention\.forward\s+\d+ tests", run.stdout)
+    assert f"{len(OFFERED)} functions" in run.stdout
+
+
+# ----------------------------------------------------------------------------- marking and clearing
+
+
+def test_clear_solutions_uses_nbgraders_stub_at_the_markers_indentation():
+    text = "def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    y = x + 1\n    return y\n    ### END SOLUTION\nz = 1"
+    assert kit.clear_solutions(text) == ("def f(x):\n    '''doc'''\n    # YOUR CODE HERE\n"
+                                         "    raise NotImplementedError()\nz = 1")
+    assert kit.strip_markers(text) == "def f(x):\n    '''doc'''\n    y = x + 1\n    return y\nz = 1"
+    with pytest.raises(kit.KitError, match="never closed"):
+        kit.clear_solutions("### BEGIN SOLUTION\nx = 1")
+
+
+def test_a_student_module_keeps_signature_docstring_and_shapes_and_nothing_of_the_body(tmp_path):
+    kit.make_assignment(["attention.CausalSelfAttention.forward"], tmp_path / "hw")
+    source = (tmp_path / "hw" / "llm_from_scratch" / "attention.py").read_text()
+    node = kit.find_function(ast.parse(source), "CausalSelfAttention.forward")
+    body = "\n".join(source.split("\n")[node.lineno - 1:node.end_lineno])
+    assert "def forward(self, x: torch.Tensor, mask" in body and "softmax(q_h k_h^T / sqrt(D)" in body
+    assert "# YOUR CODE HERE" in body and "raise NotImplementedError(" in body
+    assert "#   q: (B, H, T, D)" in body  # the shapes the reference passes through
+    assert "c_attn(x)" not in body and "transpose" not in body
+    # the rest of the module is the reference, unchanged
+    reference = (ROOT / "llm_from_scratch" / "attention.py").read_text()
+    assert source.split("    def forward")[0] == reference.split("    def forward")[0]
+    readme = (tmp_path / "hw" / "README.md").read_text()
+    assert "CausalSelfAttention.forward" in readme and "python -m pytest" in readme
+
+
+def test_the_grader_holds_only_the_tests_of_the_chosen_functions(tmp_path):
+    kit.make_assignment(["policy_gradient.grpo_advantages"], tmp_path / "hw")
+    tests = sorted((tmp_path / "hw" / "tests").glob("test_*.py"))
+    assert [p.name for p in tests] == ["test_policy_gradient.py"]
+    names = {n.name for n in ast.parse(tests[0].read_text()).body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")}
+    assert names == {"test_grpo_advantages_by_hand"}
+    assert (tmp_path / "hw" / "llm_from_scratch" / "ppo.py").exists() is False  # only what it imports
+
+
+# ----------------------------------------------------------------------------- bad input: one line, exit code 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["make", "nosuchmodule.f"], "no module 'nosuchmodule'"),
+    (["make", "attention.no_such_function"], "has no function 'no_such_function'"),
+    (["make", "attention.KVCache.advance"], "no test grades this function"),
+    (["make", "notebooks/../README.md.ipynb"], "no such notebook"),
+])
+def test_bad_input_is_one_error_line_and_exit_code_2(args, message, tmp_path):
+    run = run_kit(*args, "--out", str(tmp_path / "hw"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and run.stderr.startswith("error: "), run.stderr
+    assert message in run.stderr
+    assert not (tmp_path / "hw").exists()  # nothing written
+
+
+def test_a_non_empty_out_folder_is_refused_unless_forced(tmp_path):
+    out = tmp_path / "hw"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    run = run_kit("make", "dpo.dpo_loss", "--out", str(out))
+    assert run.returncode == 2 and run.stderr.startswith("error: ") and "--force" in run.stderr
+    assert (out / "mine.txt").read_text() == "keep me"
+    run = run_kit("make", "dpo.dpo_loss", "--out", str(out), "--force")
+    assert run.returncode == 0, run.stderr
+    assert not (out / "mine.txt").exists() and (out / "llm_from_scratch" / "dpo.py").exists()
+
+
+def test_a_notebook_without_marked_cells_is_refused(tmp_path):
+    nb = tmp_path / "plain.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": ["x = 1\n"], "metadata": {}, "outputs": [],
+                                         "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    run = run_kit("make", str(nb), "--out", str(tmp_path / "hw"))
+    assert run.returncode == 2 and run.stderr.startswith("error: ") and "### BEGIN SOLUTION" in run.stderr
+    assert run.stderr.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- the grader catches wrong answers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", [t.name for t in OFFERED])
+def test_the_grader_passes_the_reference_and_fails_the_blank_and_every_catalogued_bug(target, tmp_path):
+    graded_by = {f"tests/{f}::{n}" for f, n in next(t for t in OFFERED if t.name == target).tests}
+    kit.make_assignment([target], tmp_path / "blank")
+    folders = {"blank": tmp_path / "blank"}
+    for i, (what, old, new) in enumerate([("reference", "", "")] + BUGS[target]):
+        folder = tmp_path / f"v{i}"
+        kit.make_assignment([target], folder, solution=True)
+        if old:
+            plant(folder, target, old, new)
+        folders[what] = folder
+    with ThreadPoolExecutor(2) as pool:  # two graders at a time on two cores
+        results = dict(zip(folders, pool.map(grade, folders.values())))
+
+    code, outcomes, out = results.pop("reference")
+    assert code == 0 and set(outcomes) == graded_by, f"the grader fails the reference:\n{out}"
+    code, outcomes, out = results.pop("blank")
+    assert code != 0, f"the grader passes the blank:\n{out}"
+    passing = [t for t in graded_by if "FAILED" not in outcomes.get(t, []) and "ERROR" not in outcomes.get(t, [])]
+    assert not passing, f"these tests pass with the blank, so they do not grade {target}: {passing}"
+    missed = [what for what, (code, _, _) in results.items() if code == 0]
+    assert not missed, f"the grader of {target} passes these wrong implementations: {missed}"
+
+
+# ----------------------------------------------------------------------------- notebooks (nbgrader's convention)
+
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_exercise_solution_is_marked_and_clears_to_valid_python(path):
+    nb = json.loads(path.read_text())
+    solutions = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("# Solution to exercise")]
+    assert len(solutions) >= 3
+    student = kit.student_notebook(nb)
+    for cell, cleared in zip(nb["cells"], student["cells"]):
+        text = "".join(cell["source"])
+        if cell in solutions:
+            assert text.count(kit.BEGIN) >= 1 and text.count(kit.BEGIN) == text.count(kit.END), text[:200]
+            new = "".join(cleared["source"])
+            compile(new, path.name, "exec")  # the student's cell is valid Python
+            assert "raise NotImplementedError()" in new and cleared["outputs"] == []
+        else:  # every other cell as it was, outputs included
+            assert cleared == cell
+
+
+@pytest.mark.slow
+def test_a_notebook_assignment_fails_unsolved_and_passes_solved(tmp_path):
+    path = ROOT / "notebooks" / "02_attention.ipynb"
+    run = run_kit("make", str(path), "--out", str(tmp_path / "student"))
+    assert run.returncode == 0, run.stderr
+    run = run_kit("make", str(path), "--out", str(tmp_path / "solution"), "--solution")
+    assert run.returncode == 0, run.stderr
+    student = json.loads((tmp_path / "student" / "notebooks" / path.name).read_text())
+    assert "### BEGIN SOLUTION" not in json.dumps(student) and "# YOUR CODE HERE" in json.dumps(student)
+    with ThreadPoolExecutor(2) as pool:
+        (code_s, out_s, log_s), (code_r, out_r, log_r) = pool.map(grade, [tmp_path / "student", tmp_path / "solution"])
+    assert code_r == 0, f"the solved notebook fails its grader:\n{log_r}"
+    assert code_s != 0 and "NotImplementedError" in log_s, f"the unsolved notebook passes its grader:\n{log_s}"
