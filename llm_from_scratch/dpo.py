@@ -65,7 +65,10 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
              ref_rejected_logps: torch.Tensor, beta: float = 0.1, loss_type: str = "sigmoid",
              label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-pair losses (N,) and the implicit rewards β (log π − log π_ref) of the chosen and the rejected responses
-    (N,) each, detached. All log-probs are sequence sums. See the module docstring for the three losses."""
+    (N,) each, detached. All log-probs are sequence sums. With h = (log π(y_c) − log π_ref(y_c)) − (log π(y_r) −
+    log π_ref(y_r)) (y_c chosen, y_r rejected; the reference's log-probs are constants):
+        sigmoid (DPO):  −(1 − ε) log σ(β h) − ε log σ(−β h)   (ε = label_smoothing: conservative DPO)
+        ipo (IPO):      (h − 1/(2β))²"""
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"dpo_loss: loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     if beta <= 0:

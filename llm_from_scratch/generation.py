@@ -61,7 +61,11 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Set the logits outside the top-k / top-p set to -inf. logits: (B, V)."""
+    """Set the logits outside the top-k / top-p set to -inf. logits: (B, V).
+
+    top-k keeps the k largest logits of each row (ties with the k-th included). top-p (nucleus) keeps the smallest
+    set of most likely tokens whose probabilities sum to at least p: token i stays when the tokens ranked above it
+    hold less than p (so the most likely token always stays)."""
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1) the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -65,7 +65,8 @@ def per_token_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: torch.
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
                 lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns (B, T) by generalised advantage estimation, right to left over the columns.
+    """Advantages and returns (B, T) by generalised advantage estimation, right to left over the columns:
+    δ_t = r_t + γ V_{t+1} − V_t,  A_t = δ_t + γ λ A_{t+1},  returns R_t = A_t + V_t.
 
     Off the mask both are 0, and nothing crosses it: after a row's last real token the next value and the next
     advantage are 0 (the episode ended there), whatever padding follows."""

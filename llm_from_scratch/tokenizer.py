@@ -90,6 +90,10 @@ def merge_pair(ids: list[int], pair: Pair, new_id: int) -> list[int]:
 def learn_merges_naive(text: str, vocab_size: int, pattern: str = GPT2_SPLIT_PATTERN) -> list[Merge]:
     """The teaching version: recount every pair of the whole corpus before each merge.
 
+    The text is split into chunks by `pattern` (pairs never cross a chunk), each chunk a list of byte values. Each
+    step counts every adjacent pair (a, b) in every chunk, takes the most frequent (ties: the smallest pair) among
+    those whose bytes are not already a token, replaces it everywhere by the new id 256, 257, ... (merge_pair) and
+    records (pair, count). It stops at vocab_size tokens or when no pair is left.
     O(merges x corpus length): fine for a paragraph, hopeless for a megabyte.
     """
     _check_training_args(text, vocab_size)

@@ -96,6 +96,7 @@ def tiny_gpt(tok, seed=0):
     return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=32, dropout=0.0))
 
 
+@pytest.mark.grades("dpo.concatenated_logps")
 def test_concatenated_logps_are_sums_over_each_response_alone(tok):
     """One padded forward pass over chosen and rejected rows gives what scoring each response alone gives."""
     model = tiny_gpt(tok).eval()
@@ -138,6 +139,7 @@ def test_dpo_steps_raise_the_preference_margin_of_a_tiny_gpt(tok):
     assert margins[0] == pytest.approx(0.0, abs=1e-5) and margins[-1] > 0.5  # the policy starts as the reference
 
 
+@pytest.mark.grades("dpo.concatenated_logps")
 def test_padding_on_both_sides_counts_only_the_response_tokens(tok):
     """Rows built by hand with two pads on the left and at least three on the right, and a completion mask marking
     each response: the sums of the response's log-probs added up by hand on the unpadded row."""

@@ -32,6 +32,7 @@ class ScriptedLM(nn.Module):
         return logits
 
 
+@pytest.mark.grades("generation.left_pad")
 def test_left_pad_by_hand():
     ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
@@ -61,6 +62,7 @@ def test_cache_and_no_cache_generate_the_same_tokens(model, temperature):
     assert torch.equal(a.sequences, b.sequences)
 
 
+@pytest.mark.grades("generation.left_pad")
 def test_batched_greedy_equals_each_prompt_alone(model):
     prompts = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11]]
     batch = generate(model, prompts, 15, temperature=0, eos_id=39, pad_id=0)
@@ -88,7 +90,7 @@ def test_top_p_by_hand():
     assert torch.isfinite(filter_logits(shuffled, top_k=3)).int().tolist()[0] == [1, 1, 0, 1]
 
 
-@pytest.mark.grades("generation.filter_logits")
+@pytest.mark.grades("generation.filter_logits", "generation.sample_next")
 def test_top_k_and_top_p_never_sample_outside_their_set():
     torch.manual_seed(0)
     logits = torch.randn(4, 30) * 2
@@ -106,6 +108,7 @@ def test_top_k_and_top_p_never_sample_outside_their_set():
     assert seen.sum() > 4  # it does sample, not just argmax
 
 
+@pytest.mark.grades("generation.sample_next")
 def test_sampling_draws_each_token_with_its_probability():
     # the inverse-CDF sampler: frequencies over many draws match softmax(z / T); a token at -inf is never drawn
     z = torch.tensor([[1.0, float("-inf"), 0.0, 2.0, -1.0]])
@@ -116,6 +119,7 @@ def test_sampling_draws_each_token_with_its_probability():
         assert torch.allclose(freq, torch.softmax(z[0] / temperature, dim=-1), atol=0.01)
 
 
+@pytest.mark.grades("generation.sample_next")
 def test_temperature_zero_is_argmax():
     logits = torch.tensor([[0.1, 3.0, 2.9]])
     assert sample_next(logits, temperature=0).item() == 1

@@ -96,6 +96,7 @@ def test_masked_means_ignore_padding():
     assert masked_mean(white ** 2, mask).item() == pytest.approx(1.0, rel=1e-4)
 
 
+@pytest.mark.grades("policy_gradient.aggregate")
 def test_aggregate_normalisations_by_hand():
     # two sequences, lengths 3 and 1; per-token values 1, 2, 3 and 10
     per_token = torch.tensor([[1.0, 2.0, 3.0, 9.0], [10.0, 9.0, 9.0, 9.0]])

@@ -78,6 +78,7 @@ def test_the_score_lands_on_the_last_real_token():
     assert torch.allclose(r, torch.tensor([[0, -0.05, -0.05, 2 - 0.05, 0], [-0.05, -1 - 0.05, 0, 0, 0]]))
 
 
+@pytest.mark.grades("ppo.clipped_value_loss")
 def test_clipped_value_loss_by_hand():
     # inside the range: V = 1.1, V_old = 1.0, R = 2 -> both errors 0.81, loss ½·0.81, not clipped
     loss, frac = clipped_value_loss(torch.tensor([[1.1]]), torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.ones(1, 1))
@@ -103,6 +104,7 @@ def test_explained_variance():
     assert explained_variance(torch.tensor([[3.0, 2.0, 1.0, 0.0]]), returns, mask) == pytest.approx(-3.0)
 
 
+@pytest.mark.grades("ppo.AdaptiveKLController.update")
 def test_adaptive_kl_controller_follows_the_formula():
     kl = AdaptiveKLController(0.1, target=6.0, horizon=10_000)
     kl.update(9.0, n_steps=256)  # 9/6 − 1 = 0.5, clipped to 0.2: × (1 + 0.2 · 256 / 10,000)

@@ -235,3 +235,46 @@ BUGS["data.WindowSampler.batch"] = [
      "len(self.tokens) - self.context_length - 1,"),
     ("the same batch at every step", "manual_seed(self.seed * 1_000_003 + step)", "manual_seed(self.seed)"),
 ]
+BUGS.update({
+    "generation.left_pad": [
+        ("pads on the right", "        ids[i, P - len(p):] = torch.as_tensor(p, dtype=torch.long)\n        mask[i, P - len(p):] = 1",
+         "        ids[i, :len(p)] = torch.as_tensor(p, dtype=torch.long)\n        mask[i, :len(p)] = 1"),
+        ("the mask marks the padding", "mask[i, P - len(p):] = 1", "mask[i, :P - len(p)] = 1"),
+        ("every position marked real", "mask = torch.zeros((len(prompts), P), dtype=torch.long)",
+         "mask = torch.ones((len(prompts), P), dtype=torch.long)"),
+    ],
+    "generation.sample_next": [
+        ("temperature multiplies the logits", "filter_logits(logits.float() / temperature,", "filter_logits(logits.float() * temperature,"),
+        ("top-k / top-p never applied", "logits = filter_logits(logits.float() / temperature, top_k, top_p)",
+         "logits = logits.float() / temperature"),
+        ("running sum over the batch, not the vocabulary", ".cumsum(dim=-1)  # (B, V)", ".cumsum(dim=0)  # (B, V)"),
+        ("greedy picks the least likely token", "return logits.argmax(dim=-1)", "return logits.argmin(dim=-1)"),
+    ],
+    "policy_gradient.aggregate": [
+        ("'sequence' divides by the padded length", 'return masked_mean(per_token, mask, dim=1).mean()',
+         'return (masked_sum(per_token, mask, dim=1) / mask.size(1)).mean()'),
+        ("'token' averages padding too", "return masked_mean(per_token, mask)\n", "return per_token.mean()\n"),
+        ("'sum' sums over the batch instead of averaging sequences", "return masked_sum(per_token, mask, dim=1).mean()",
+         "return masked_sum(per_token, mask)"),
+        ("'constant' ignores the constant", "return (masked_sum(per_token, mask, dim=1) / constant).mean()",
+         "return masked_sum(per_token, mask, dim=1).mean()"),
+    ],
+    "ppo.clipped_value_loss": [
+        ("min instead of max", "torch.maximum(unclipped_error, clipped_error)", "torch.minimum(unclipped_error, clipped_error)"),
+        ("clipped around the returns, not the old values", "clipped = old_values + torch.clamp(values - old_values,",
+         "clipped = returns + torch.clamp(values - returns,"),
+        ("the ½ forgotten", "loss = 0.5 * masked_mean(", "loss = masked_mean("),
+        ("padding counted", "loss = 0.5 * masked_mean(torch.maximum(unclipped_error, clipped_error), mask)",
+         "loss = 0.5 * torch.maximum(unclipped_error, clipped_error).mean()"),
+    ],
+    "ppo.AdaptiveKLController.update": [
+        ("the error not clipped", "error = min(max(current_kl / self.target - 1, -0.2), 0.2)", "error = current_kl / self.target - 1"),
+        ("the update's sign flipped", "self.value *= 1 + error", "self.value *= 1 - error"),
+        ("the step size ignores n_steps / horizon", "self.value *= 1 + error * n_steps / self.horizon", "self.value *= 1 + error"),
+    ],
+    "dpo.concatenated_logps": [
+        ("the prompt's log-probs summed too", "(logp * completion_mask.to(logp.dtype))", "(logp * attention_mask[:, 1:].to(logp.dtype))"),
+        ("chosen and rejected swapped", "return sums[:n], sums[n:]", "return sums[n:], sums[:n]"),
+        ("a mean over the columns, not a sum", "completion_mask.to(logp.dtype)).sum(dim=1)", "completion_mask.to(logp.dtype)).mean(dim=1)"),
+    ],
+})

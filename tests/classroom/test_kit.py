@@ -224,3 +224,10 @@ def test_a_notebook_assignment_fails_unsolved_and_passes_solved(tmp_path):
         (code_s, out_s, log_s), (code_r, out_r, log_r) = pool.map(grade, [tmp_path / "student", tmp_path / "solution"])
     assert code_r == 0, f"the solved notebook fails its grader:\n{log_r}"
     assert code_s != 0 and "NotImplementedError" in log_s, f"the unsolved notebook passes its grader:\n{log_s}"
+
+
+def test_the_readme_states_the_catalogue_as_it_is():
+    readme = (ROOT / "README.md").read_text()
+    n_bugs = sum(len(v) for v in BUGS.values())
+    assert f"catalogues {n_bugs} typical wrong" in readme and f"all {n_bugs} are caught" in readme
+    assert f"handed out ({len(OFFERED)} today" in readme and f"each of the {len(OFFERED)} functions" in readme
