@@ -179,8 +179,11 @@ def resolve(names: list[str], tests: Path = TESTS, pkg: Path = PKG) -> list[Targ
         if not (pkg / f"{module}.py").is_file() or module == "__init__":
             raise KitError(f"{raw}: there is no module {module!r} in {PACKAGE}/ (try `list`)")
         if not qualname or find_function(ast.parse((pkg / f"{module}.py").read_text()), qualname) is None:
-            raise KitError(f"{raw}: {PACKAGE}/{module}.py has no function {qualname or '(none given)'!r} "
-                           f"(name it as module.function or module.Class.method)")
+            elsewhere = [p.stem for p in sorted(pkg.glob("*.py"))
+                         if qualname and find_function(ast.parse(p.read_text()), qualname) is not None]
+            hint = (f"; did you mean {' or '.join(f'{m}.{qualname}' for m in elsewhere)}?" if elsewhere
+                    else " (name it as module.function or module.Class.method; `list` shows them all)")
+            raise KitError(f"{raw}: {PACKAGE}/{module}.py has no function {qualname or '(none given)'!r}{hint}")
         if name not in by_name:
             raise KitError(f"{raw}: no test grades this function (mark a test with @pytest.mark.grades({name!r}) "
                            f"before handing it out)")

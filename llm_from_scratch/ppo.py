@@ -124,6 +124,7 @@ class AdaptiveKLController:
         self.value, self.target, self.horizon = init_kl_coef, target, horizon
 
     def update(self, current_kl: float, n_steps: int) -> None:
+        """β ← β · (1 + clip(KL / target − 1, −0.2, 0.2) · n_steps / horizon)."""
         error = min(max(current_kl / self.target - 1, -0.2), 0.2)  # proportional error, clipped to ±0.2
         self.value *= 1 + error * n_steps / self.horizon
 

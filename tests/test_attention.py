@@ -99,3 +99,17 @@ def test_multi_head_attention_matches_a_loop_over_heads(impl):
     expected = torch.cat(heads, -1) @ layer.c_proj.weight.double().T + layer.c_proj.bias.double()
     error = (layer(x).double() - expected).abs().max().item()
     assert error < 1e-5, f"the output differs from the formula, head by head, by up to {error:.2e}"
+
+
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_a_chunk_of_new_tokens_after_a_cache_sees_the_past_but_not_its_own_future(impl):
+    # prefill 4 positions, then feed the next 3 as one chunk with no mask: the layer must build the causal mask of
+    # the chunk against all 7 keys itself (the 3 new queries sit at positions 4, 5, 6)
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(32, 4, attn_impl=impl).eval()
+    x = torch.randn(2, 7, 32)
+    cache = KVCache(n_layer=1, batch_size=2, n_head=4, max_len=7, head_dim=8)
+    first = attn(x[:, :4], kv_cache=cache)
+    cache.advance(4)
+    chunk = attn(x[:, 4:], kv_cache=cache)
+    assert torch.allclose(torch.cat([first, chunk], dim=1), attn(x), atol=1e-5)

@@ -84,6 +84,8 @@ def test_top_p_by_hand():
     assert kept(0.81) == [1, 1, 1, 0]
     assert kept(0.3) == [1, 0, 0, 0]  # the most likely token always stays
     assert torch.isfinite(filter_logits(logits, top_k=2)).int().tolist()[0] == [1, 1, 0, 0]
+    # a nucleus that reaches p exactly stops there (uniform logits: the sums are exact in float32)
+    assert torch.isfinite(filter_logits(torch.zeros(1, 4), top_p=0.5)).int().tolist()[0] == [1, 1, 0, 0]
     # the same probabilities shuffled: the nucleus is the same tokens wherever they sit in the vocabulary
     shuffled = torch.log(torch.tensor([[0.15, 0.5, 0.05, 0.3]]))
     assert torch.isfinite(filter_logits(shuffled, top_p=0.8)).int().tolist()[0] == [0, 1, 0, 1]

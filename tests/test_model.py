@@ -160,3 +160,17 @@ def test_forward_matches_an_independent_numpy_gpt2(impl):
     ours = model(idx).double().detach().numpy()
     error = float(np.abs(ours - numpy_gpt_forward(model, idx.numpy())).max())
     assert error < 1e-4, f"the logits differ from an independent NumPy GPT-2 by up to {error:.2e}"
+
+
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_cached_decoding_without_a_mask_continues_the_positions(impl):
+    # prompts of equal length take the maskless path: prefill 6 tokens, then one at a time; position ids go on
+    # from 6 (a cache that restarted them at 0 would give other logits)
+    torch.manual_seed(0)
+    model = GPT(tiny(attn_impl=impl)).eval()
+    idx = torch.randint(0, 50, (2, 10))
+    cache = model.new_kv_cache(2, 10)
+    parts = [model(idx[:, :6], kv_cache=cache)]
+    for t in range(6, 10):
+        parts.append(model(idx[:, t:t + 1], kv_cache=cache))
+    assert torch.allclose(torch.cat(parts, 1), model(idx), atol=1e-5)

@@ -129,6 +129,7 @@ def test_the_grader_holds_only_the_tests_of_the_chosen_functions(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["make", "nosuchmodule.f"], "no module 'nosuchmodule'"),
     (["make", "attention.no_such_function"], "has no function 'no_such_function'"),
+    (["make", "model.CausalSelfAttention.forward"], "did you mean attention.CausalSelfAttention.forward?"),
     (["make", "attention.KVCache.advance"], "no test grades this function"),
     (["make", "notebooks/../README.md.ipynb"], "no such notebook"),
 ])
