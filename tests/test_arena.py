@@ -185,6 +185,30 @@ def test_rft_round_keeps_the_best_and_learns_them(tok):
     assert metrics["rft/reward_kept"] >= sum(ended) / len(ended)
 
 
+def test_rft_trains_on_the_responses_only(tok, monkeypatch):
+    """The SFT loss of a round sees, as targets, the kept responses and their EOS, never the prompt tokens: the
+    targets that reach lm_loss (captured here) are exactly each kept response's tokens plus EOS."""
+    import llm_from_scratch.arena as arena
+
+    seen, real = [], arena.lm_loss
+
+    def spy(model, x, y):
+        seen.append(y.clone())
+        return real(model, x, y)
+
+    monkeypatch.setattr(arena, "lm_loss", spy)
+    model = Nudged.build(tok)
+    cfg = RFTConfig(prompts=2, k=8, keep=0.25, epochs=2, batch_size=3, lr=0.0, max_new_tokens=10)
+    score = lambda ps, rs: [float(len(r)) for r in rs]  # noqa: E731
+    metrics, kept = rft_round(model, tok, ["Tell a story.", "Add 2 and 3."], score, cfg,
+                              torch.optim.SGD(model.parameters(), lr=0.0), torch.Generator().manual_seed(3))
+    assert len(kept) == metrics["rft/kept"] > 0
+    expected = sorted(tuple(tok.encode(r["response"]) + [tok.eos_id]) for r in kept)  # response + EOS per kept row
+    targets = sorted(tuple(row[row != -100].tolist()) for y in seen for row in y)  # over both epochs
+    assert targets == sorted(expected * cfg.epochs)
+    assert sum(int((y != -100).sum()) for y in seen) == cfg.epochs * sum(len(t) for t in expected)
+
+
 # ----------------------------------------------------------------------------- the evaluation
 
 

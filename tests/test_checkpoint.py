@@ -20,6 +20,46 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["f.txt"]  # no temp file left behind
 
 
+def test_atomic_write_fsyncs_the_temp_file_before_renaming_it(tmp_path, monkeypatch):
+    """The bytes must be on disk before the rename makes them the file: os.fsync of the temp file (same inode),
+    then os.replace of that temp file over the target, in this order."""
+    calls = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(fd):
+        calls.append(("fsync", os.fstat(fd).st_ino))
+        fsync(fd)
+
+    def recording_replace(src, dst):
+        calls.append(("replace", os.stat(src).st_ino, str(dst)))
+        replace(src, dst)
+
+    monkeypatch.setattr(ck.os, "fsync", recording_fsync)
+    monkeypatch.setattr(ck.os, "replace", recording_replace)
+    target = tmp_path / "f.bin"
+    ck.atomic_write_bytes(target, b"new bytes")
+    assert [c[0] for c in calls] == ["fsync", "replace"]
+    (_, synced), (_, renamed, dst) = calls
+    assert synced == renamed == os.stat(target).st_ino and dst == str(target)
+    assert target.read_bytes() == b"new bytes"
+
+
+def test_train_state_is_written_atomically(tmp_path, monkeypatch):
+    """A crash while train_state.pt is being replaced (os.replace fails) leaves the previous state whole."""
+    path = tmp_path / "train_state.pt"
+    ck.save_train_state(path, {"step": 3, "w": torch.arange(4.0)})
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ck.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        ck.save_train_state(path, {"step": 4, "w": torch.zeros(1000)})
+    back = ck.load_train_state(path)
+    assert back["step"] == 3 and torch.equal(back["w"], torch.arange(4.0))
+    assert os.listdir(path.parent) == ["train_state.pt"]  # no temp file left behind
+
+
 def test_tied_tensors_are_stored_once(tmp_path):
     w = torch.randn(4, 3)
     ck.save_tensors(tmp_path / "m.safetensors", {"wte.weight": w, "lm_head.weight": w, "b": torch.ones(2)})

@@ -192,3 +192,22 @@ def test_cached_and_live_reference_train_the_same_policy(tok, cfg):
     assert h_cached[-1]["rewards/margins"] != pytest.approx(0.0, abs=1e-4)  # the steps did move the policy
     for pa, pb in zip(p_cached.parameters(), p_live.parameters()):
         assert torch.allclose(pa, pb, atol=1e-5)
+
+
+def test_a_step_descends_the_mean_of_the_pair_losses(tok):
+    """dpo_step's gradient is that of the mean pair loss, worked out here on a copy of the policy: the same norm
+    (reported before clipping; the clip is too large to act) and the same plain SGD step."""
+    batch = preference_batch(tok, PAIRS)
+    ref_c, ref_r = frozen_logps(tiny_gpt(tok, 1), *batch)
+    by_hand = tiny_gpt(tok, 0)
+    chosen, rejected = concatenated_logps(by_hand, *batch)
+    losses, _, _ = dpo_loss(chosen, rejected, ref_c, ref_r, beta=0.3)
+    losses.mean().backward()
+    norm = torch.sqrt(sum((p.grad ** 2).sum() for p in by_hand.parameters())).item()
+    policy = tiny_gpt(tok, 0)
+    m = dpo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.1), batch, ref_c, ref_r,
+                 DPOConfig(beta=0.3, max_grad_norm=1e6))
+    assert m["loss"] == pytest.approx(losses.mean().item(), rel=1e-6)
+    assert norm > 0 and m["grad_norm"] == pytest.approx(norm, rel=1e-4)
+    for p, q in zip(policy.parameters(), by_hand.parameters()):
+        torch.testing.assert_close(p, q.detach() - 0.1 * q.grad, atol=1e-6, rtol=1e-5)

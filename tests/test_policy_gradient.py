@@ -109,6 +109,18 @@ def test_aggregate_normalisations_by_hand():
         aggregate(per_token, mask, "constant")
 
 
+def test_advantages_are_constants_of_the_surrogate():
+    # loss = mean over the 2 sequences of Σ_t −A_i log π_it, so ∂loss/∂logp_it = −A_i / 2, by hand;
+    # the advantages get no gradient even when they come out of a graph (a learned baseline, a reward model)
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]], requires_grad=True)
+    adv = torch.tensor([1.0, -2.0], requires_grad=True)
+    loss = policy_gradient_loss(logp, adv, torch.ones(2, 2))
+    assert loss.item() == pytest.approx((1.0 * 3.0 - 2.0 * 1.2) / 2)
+    loss.backward()
+    assert adv.grad is None
+    assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5], [1.0, 1.0]]))
+
+
 def test_policy_gradient_step_moves_probability_to_the_rewarded_token():
     """A one-step 'language model' over two tokens; token 1 is rewarded. Sampled with RLOO, a few steps of the
     surrogate's gradient raise p(token 1)."""
@@ -248,3 +260,59 @@ def test_pass_at_k_by_hand():
     assert pass_at_k(16, 3, 1) == pytest.approx(3 / 16)  # pass@1 is the share of right samples
     with pytest.raises(ValueError):
         pass_at_k(4, 1, 5)
+
+
+def test_kl_in_the_reward_is_subtracted_from_it(tok):
+    """kl_in="reward": each sequence is scored r − β·Σ_t k1, with Σ_t k1 computed here on its own from the policy's
+    log-probs at the sampling temperature. The policy differs from the reference, so the sign of β·Σ k1 shows."""
+    policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 1)
+    ro = rollout(policy, reference, tok, ["Add 2 and 3.", "Sort these words: cat, dog."], k=4,
+                 reward_fn=lambda p, c: [float(len(x) % 3) for x in c], max_new_tokens=6, temperature=0.7,
+                 generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), eval_mode(policy):
+        logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, 0.7) * ro.mask
+    kl = ((logp - ro.ref_logp) * ro.mask).sum(1)  # (B,) Σ_t k1 per completion
+    cfg = PGConfig(algo="rloo", k=4, beta=1.0, kl_in="reward", max_new_tokens=6)
+    metrics = pg_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), ro, cfg)
+    assert kl.mean().item() > 0.05 and metrics["objective/kl"] == pytest.approx(kl.mean().item(), rel=1e-4)
+    score = ro.rewards - 1.0 * kl  # (B,) what the advantages are computed from
+    assert metrics["reward"] == pytest.approx(score.mean().item(), rel=1e-4, abs=1e-5)
+    assert metrics["reward_std"] == pytest.approx(score.std().item(), rel=1e-4)
+    assert metrics["proxy/reward"] == pytest.approx(ro.rewards.mean().item())
+
+
+def test_grpo_kl_in_the_loss_pulls_the_policy_back_to_the_reference(tok):
+    """kl_in="loss" with every reward equal: the advantages are 0, so the only gradient is that of β·k3. One
+    update must move the weights and lower the k3 KL to the reference on the same samples."""
+    policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 1)
+    ro = rollout(policy, reference, tok, ["Add 2 and 3.", "Sort these words: cat, dog."], k=4,
+                 reward_fn=lambda p, c: [1.0] * len(c), max_new_tokens=6, temperature=0.7,
+                 generator=torch.Generator().manual_seed(0))
+
+    def k3():
+        with torch.no_grad(), eval_mode(policy):
+            logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, ro.temperature) * ro.mask
+        return (kl_k3(logp, ro.ref_logp) * ro.mask).sum(1).mean().item()
+
+    before, weights = k3(), [p.clone() for p in policy.parameters()]
+    cfg = PGConfig(algo="grpo", k=4, beta=0.5, kl_in="loss", inner_epochs=1, max_new_tokens=6)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.0)  # no decay: only a gradient moves it
+    metrics = pg_update(policy, opt, ro, cfg)
+    assert metrics["objective/kl_k3"] == pytest.approx(before, rel=1e-4) and before > 0.1
+    assert metrics["train/grad_norm"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(weights, policy.parameters()))
+    assert k3() < 0.9 * before
+
+
+def test_the_update_scores_the_samples_at_their_temperature(tok):
+    """Sampled at temperature 0.7 by a policy equal to the reference: the reference's log-probs are at 0.7, so the
+    policy's must be too, and the KL between them is 0 (at temperature 1 it would not be)."""
+    policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 0)
+    ro = rollout(policy, reference, tok, ["Add 2 and 3.", "Sort these words: cat, dog."], k=4,
+                 reward_fn=lambda p, c: [float(len(x) % 3) for x in c], max_new_tokens=6, temperature=0.7,
+                 generator=torch.Generator().manual_seed(0))
+    metrics = pg_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), ro,
+                        PGConfig(algo="rloo", k=4, beta=0.1, max_new_tokens=6))
+    assert ro.temperature == 0.7
+    assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-5)
+    assert metrics["objective/kl_k3"] == pytest.approx(0.0, abs=1e-5)

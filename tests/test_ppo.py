@@ -97,6 +97,15 @@ def test_clipped_value_loss_by_hand():
     assert loss.item() == pytest.approx(0.405)
 
 
+def test_the_value_loss_is_a_mean_over_the_real_tokens():
+    # two real tokens and one padding column: errors (1.1 − 2)² = 0.81 and (1.5 − 2)² = 0.25 (neither clipped:
+    # each V is within ε of its V_old), so the loss is ½ · (0.81 + 0.25) / 2 = 0.265, not ½ · their sum
+    values, old = torch.tensor([[1.1, 1.5, 7.0]]), torch.tensor([[1.0, 1.5, 0.0]])
+    returns, mask = torch.tensor([[2.0, 2.0, 0.0]]), torch.tensor([[1, 1, 0]])
+    loss, frac = clipped_value_loss(values, old, returns, mask)
+    assert loss.item() == pytest.approx(0.265) and frac.item() == 0.0
+
+
 def test_explained_variance():
     returns, mask = torch.tensor([[1.0, 2.0, 3.0, 99.0]]), torch.tensor([[1, 1, 1, 0]])
     assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
@@ -251,3 +260,52 @@ def test_weights_held_counts_a_tied_matrix_once(tok):
     held = weights_held({"policy": PolicyValue(gpt), "reference": gpt})
     assert held["reference"] == {"params": gpt.num_params(), "bytes": 4 * gpt.num_params()}  # float32
     assert held["policy"]["params"] == gpt.num_params() + gpt.config.n_embd + 1  # the value head's weight and bias
+
+
+
+def test_the_entropy_bonus_sends_a_gradient_to_the_policy(tok):
+    """entropy_grad=True (ent_coef > 0): the entropy is differentiable, and its gradient is that of
+    H = −Σ p log p of the policy's next-token distribution at the temperature, computed here on its own.
+    entropy_grad=False: a diagnostic only, with no graph."""
+    policy, critic = tiny_gpt(tok, dropout=0.0), RewardModel(tiny_gpt(tok, 1, dropout=0.0))
+    ids = torch.tensor([encode_chat(tok, PROMPTS[1], "cat, dog")[0]])
+    _, _, entropy = logprobs_and_values(policy, critic, ids, torch.ones_like(ids), 0.9, entropy_grad=True)
+    entropy.sum().backward()
+    got = [p.grad.clone() for p in policy.parameters()]
+    assert any(g.abs().sum() > 0 for g in got)
+    policy.zero_grad(set_to_none=True)
+    p = torch.softmax(policy(ids)[:, :-1] / 0.9, -1)
+    (-(p * p.log()).sum()).backward()
+    for g, q in zip(got, policy.parameters()):
+        torch.testing.assert_close(g, q.grad, atol=1e-5, rtol=1e-3)
+    _, _, diagnostic = logprobs_and_values(policy, critic, ids, torch.ones_like(ids), 0.9)
+    assert not diagnostic.requires_grad and torch.allclose(diagnostic, entropy.detach())
+
+
+def test_advantages_are_whitened_over_the_completion_tokens_only(tok):
+    """The same rollout with two more padding columns on the left: the completion tokens, their rewards and their
+    values are the same, so the whitened advantages and the policy loss must be too. Whitening over every column
+    would count the extra zeros in the mean and the std."""
+    from dataclasses import replace
+
+    losses = []
+    for extra in (0, 2):
+        policy, reference = tiny_gpt(tok, 0, dropout=0.0), tiny_gpt(tok, 1, dropout=0.0).requires_grad_(False)
+        critic = RewardModel(tiny_gpt(tok, 2, dropout=0.0))
+        torch.nn.init.normal_(critic.head.weight)  # values that differ from token to token
+        ro = tiny_rollout(tok, policy, reference)
+        if extra:
+            B = ro.sequences.size(0)
+            zeros = torch.zeros(B, extra)
+            ro = replace(ro, sequences=torch.cat([torch.full((B, extra), tok.pad_id), ro.sequences], 1),
+                         attention_mask=torch.cat([zeros.long(), ro.attention_mask], 1),
+                         mask=torch.cat([zeros.to(ro.mask.dtype), ro.mask], 1),
+                         ref_logp=torch.cat([zeros, ro.ref_logp], 1))
+        opt = make_optimizer(policy, critic, lr=1e-3, critic_lr=1e-3)
+        metrics = ppo_step(policy, critic, opt, ro, FixedKLController(0.1), PPOConfig(epochs=2, minibatches=2),
+                           torch.Generator().manual_seed(0))
+        losses.append((metrics["loss/policy"], metrics["loss/value"], metrics["objective/rlhf_reward"]))
+    (pg, vf, reward), (pg_padded, vf_padded, reward_padded) = losses
+    assert abs(pg) > 1e-3  # not 0 by construction: minibatches of a batch whitened as a whole
+    assert pg_padded == pytest.approx(pg, abs=1e-5)
+    assert vf_padded == pytest.approx(vf, abs=1e-5) and reward_padded == pytest.approx(reward, abs=1e-5)

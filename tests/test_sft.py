@@ -105,3 +105,42 @@ def test_response_logprobs_match_one_token_at_a_time(tok):
             by_hand += torch.log_softmax(logits.double(), -1)[ids[t]].item()
         assert counts[i].item() == len(ids) - n_prompt
         assert sums[i].item() == pytest.approx(by_hand, abs=1e-4)
+
+
+def test_an_example_of_context_plus_one_tokens_fits(tok):
+    """n tokens give n - 1 (input, target) pairs: an example of exactly context_length + 1 tokens fills the context
+    (T == context_length) and is kept; one token more is dropped."""
+    example = {"prompt": "Add 2 and 3.", "response": "5"}
+    n = len(encode_chat(tok, example["prompt"], example["response"])[0])
+    fits = SFTBatches(tok, [example], context_length=n - 1, batch_size=2)
+    assert fits.dropped == 0
+    x, y = fits.batch(0)
+    assert x.shape == y.shape == (2, n - 1)
+    with pytest.raises(ValueError, match="no example fits"):
+        SFTBatches(tok, [example], context_length=n - 2, batch_size=2)
+
+
+def test_the_batches_of_a_block_are_served_in_a_shuffled_order(tok):
+    """The docstring's promise: a block's length-sorted batches are served in a shuffled order, not shortest first.
+    Over 5 blocks of 8 batches, some batch is shorter on average than one served before it in its block."""
+    examples = [{"prompt": "Add 2 and 3." + " 7" * i, "response": "5"} for i in range(30)]  # 30 different lengths
+    b = SFTBatches(tok, examples, context_length=128, batch_size=3, seed=2, group=8)
+
+    def mean_length(step):
+        return sum(len(b.examples[i][0]) for i in b.indices(step)) / b.batch_size
+
+    blocks = [[mean_length(block * 8 + slot) for slot in range(8)] for block in range(5)]
+    assert any(m != sorted(m) for m in blocks)
+
+
+def test_train_on_prompt_reaches_the_batches(tok):
+    """SFTBatches(train_on_prompt=True) collates with train_on_prompt=True: the prompt's tokens get targets too."""
+    examples = [{"prompt": "Add 2 and 3.", "response": "5"}, {"prompt": "Sort these words: cat, dog.", "response": "cat, dog"}]
+    on = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1, train_on_prompt=True)
+    off = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1)
+    for step in (0, 3):
+        x, y = on.batch(step)
+        ex, ey = sft_collate([on.examples[i] for i in on.indices(step)], tok.pad_id, train_on_prompt=True)
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+        assert on.indices(step) == off.indices(step)
+        assert (y != -100).sum() > (off.batch(step)[1] != -100).sum()  # the default masks the prompt

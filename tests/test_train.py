@@ -50,6 +50,28 @@ def test_loss_ignores_masked_targets():
     assert evaluate(model, [(x, y_masked)], "cpu") == pytest.approx(-logp[:, 5:].mean().item(), abs=1e-5)
 
 
+def test_evaluate_weighs_every_target_token_equally():
+    """Validation loss = total NLL / total targets over all batches, not the mean of the batches' means: two (2, 12)
+    batches with 3 and 22 real targets, the NLL summed by hand from log-softmax."""
+    model = small_model().eval()
+    g = torch.Generator().manual_seed(5)
+    x1, y1, x2, y2 = (torch.randint(0, 30, (2, 12), generator=g) for _ in range(4))
+    y1[0, 3:] = -100
+    y1[1] = -100  # 3 targets
+    y2[:, 0] = -100  # 22 targets
+    batches = [(x1, y1), (x2, y2)]
+    nll, count = 0.0, 0
+    for x, y in batches:
+        logp = torch.log_softmax(model(x).double(), -1)
+        for b, t in (y != -100).nonzero().tolist():
+            nll -= logp[b, t, y[b, t]].item()
+            count += 1
+    assert count == 3 + 22
+    mean_of_means = sum(lm_loss(model, x, y).item() for x, y in batches) / 2
+    assert abs(mean_of_means - nll / count) > 1e-3  # the two reductions really differ on these batches
+    assert evaluate(model, batches, "cpu") == pytest.approx(nll / count, abs=1e-5)
+
+
 def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tmp_path):
     model = small_model()
     x, y = WindowSampler(TOKENS, 16, 8).batch(0)
@@ -73,7 +95,23 @@ def test_save_load_identical_logits_and_vocab_check(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["kind"] == "gpt"
 
 
-def run(tmp_path, interrupt_at=None, dropout=0.1):
+def test_load_gpt_overrides_win_over_the_saved_config(tmp_path):
+    """load_gpt(..., dropout=0.0, attn_impl="explicit") builds the model with those values, not the checkpoint's."""
+    model = small_model(dropout=0.1).eval()
+    save_gpt(model, tmp_path)
+    assert load_gpt(tmp_path).config.dropout == 0.1  # without overrides: the saved config
+    back = load_gpt(tmp_path, dropout=0.0, attn_impl="explicit").eval()
+    assert back.config.dropout == 0.0 and back.config.attn_impl == "explicit"
+    assert all(m.p == 0.0 for m in back.modules() if isinstance(m, torch.nn.Dropout))
+    x = torch.randint(0, 30, (2, 10))
+    torch.testing.assert_close(back(x), model(x), atol=1e-5, rtol=0)  # same weights, the explicit attention
+
+
+def run(tmp_path, interrupt_at=None, dropout=0.1, interrupt_in_eval_at=None):
+    """8 steps of 2 micro-batches, evaluated at steps 4 and 8. interrupt_at: Ctrl-C while fetching that micro-batch
+    (before its step's update); interrupt_in_eval_at: Ctrl-C in on_eval at that step (after its update). Either way
+    a fresh model then resumes. Returns the train losses and tokens by step, the model, train()'s summary and the
+    step the interrupt saved as the next to run (None without one)."""
     sampler = WindowSampler(TOKENS, 16, 4, seed=1)
     calls = {"n": 0}
 
@@ -83,23 +121,50 @@ def run(tmp_path, interrupt_at=None, dropout=0.1):
             raise KeyboardInterrupt
         return sampler.batch(i)
 
+    def on_eval(step, model):
+        if interrupt_in_eval_at is not None and step == interrupt_in_eval_at and calls["n"] == 0:
+            calls["n"] += 1
+            raise KeyboardInterrupt
+        return {}
+
     cfg = TrainConfig(max_steps=8, grad_accum=2, lr=3e-3, warmup_steps=2, log_interval=1, eval_interval=4, checkpoint_interval=100)
-    model = small_model(dropout)
+    model, saved_step = small_model(dropout), None
     try:
-        train(model, cfg, get_batch, lambda: [sampler.batch(10_000)], tmp_path, quiet=True)
+        summary = train(model, cfg, get_batch, lambda: [sampler.batch(10_000)], tmp_path, on_eval=on_eval, quiet=True)
     except KeyboardInterrupt:
+        saved_step = load_train_state(tmp_path / "last" / "train_state.pt")["step"]
         model = small_model(dropout, seed=123)  # a fresh process: different init, must be overwritten by the resume
-        train(model, cfg, get_batch, lambda: [sampler.batch(10_000)], tmp_path, quiet=True)
-    losses = {r["step"]: r["loss/train"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss/train" in r}
-    return losses, model
+        summary = train(model, cfg, get_batch, lambda: [sampler.batch(10_000)], tmp_path, on_eval=on_eval, quiet=True)
+    records = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss/train" in r]
+    losses = {r["step"]: r["loss/train"] for r in records}
+    tokens = {r["step"]: r["tokens"] for r in records}
+    return losses, model, summary, tokens, saved_step
 
 
 def test_interrupt_and_resume_continue_exactly(tmp_path):
-    straight, m1 = run(tmp_path / "a")
-    resumed, m2 = run(tmp_path / "b", interrupt_at=11)  # micro-batch 11 = step 5, second micro-batch (with dropout)
+    straight, m1, summary1, tokens1, _ = run(tmp_path / "a")
+    resumed, m2, summary2, tokens2, saved = run(tmp_path / "b", interrupt_at=11)  # micro-batch 11 = step 5, second micro-batch (with dropout)
+    assert saved == 5  # step 5 (0-based) had not been updated: it is replayed
     assert load_train_state(tmp_path / "b" / "last" / "train_state.pt")["step"] == 8
     for step in range(1, 9):
         assert resumed[step] == straight[step], f"step {step}"
+    for (n, p1), (_, p2) in zip(m1.named_parameters(), m2.named_parameters()):
+        assert torch.equal(p1, p2), n
+    # the counters carry over too: tokens seen (every micro-batch is 4 x 16 targets) and the best validation loss
+    assert tokens2 == tokens1 == {step: step * 2 * 4 * 16 for step in range(1, 9)}
+    assert summary2 == summary1 and summary2["tokens"] == 8 * 2 * 4 * 16
+
+
+def test_interrupt_after_an_update_resumes_at_the_next_step(tmp_path):
+    """Ctrl-C in on_eval after 4 steps (0-3, their updates done): the saved state says step 4 (0-based) is the next
+    to run, and the resumed run neither repeats nor skips a step: the same losses and weights as an uninterrupted run."""
+    straight, m1, _, tokens1, _ = run(tmp_path / "a")
+    resumed, m2, _, tokens2, saved = run(tmp_path / "b", interrupt_in_eval_at=4)
+    assert saved == 4
+    for step in range(1, 9):
+        assert resumed[step] == straight[step], f"step {step}"
+    assert len([r for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if "loss/train" in r]) == 8  # no step twice
+    assert tokens2 == tokens1
     for (n, p1), (_, p2) in zip(m1.named_parameters(), m2.named_parameters()):
         assert torch.equal(p1, p2), n
 
