@@ -52,6 +52,7 @@ CHAPTER = {
     "policy_gradient": 7, "ppo": 8, "dpo": 9, "arena": 10,
     "lora": 11, "distributed": 12, "gpt2_weights": 13, "classroom": 14,
 }
+TAUGHT_IN = {"data.sft_collate": 5}  # functions that live in an earlier module than the chapter that teaches them
 THIRD_PARTY = ("torch", "numpy", "tiktoken", "safetensors", "matplotlib", "tqdm", "pytest", "hypothesis", "nbclient",
                "nbformat", "ipykernel")
 
@@ -65,8 +66,13 @@ class KitError(Exception):
 
 def package_imports(path: Path) -> set[str]:
     """Names of the llm_from_scratch modules that the Python file `path` imports (absolute or relative imports)."""
+    return imports_in(path.read_text())
+
+
+def imports_in(source: str) -> set[str]:
+    """Names of the llm_from_scratch modules that this Python source imports."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
             if node.level == 1 or node.module == PACKAGE:  # from . import x / from llm_from_scratch import x
                 if node.module and node.level == 1:
@@ -119,7 +125,7 @@ class Target:
 
     @property
     def chapter(self) -> int:
-        return CHAPTER.get(self.module, 99)
+        return TAUGHT_IN.get(self.name, CHAPTER.get(self.module, 99))
 
 
 def find_function(tree: ast.Module, qualname: str) -> ast.FunctionDef | None:
@@ -149,6 +155,11 @@ def grading_tests(tests: Path = TESTS) -> dict[str, list[tuple[str, str]]]:
     """Every function some test grades -> the (file, test) pairs that grade it, from the tests' markers."""
     graded: dict[str, list[tuple[str, str]]] = {}
     for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(isinstance(n, ast.FunctionDef) and marked_targets(n)
+                                                      for n in node.body):
+                raise KitError(f"{path.name}: class {node.name} holds tests marked @pytest.mark.{MARKER}; "
+                               f"the kit grades with top-level test functions only")
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
                 for name in marked_targets(node):
@@ -157,7 +168,8 @@ def grading_tests(tests: Path = TESTS) -> dict[str, list[tuple[str, str]]]:
 
 
 def offered(tests: Path = TESTS, pkg: Path = PKG) -> list[Target]:
-    """Every function that can be handed out (a test grades it), in chapter order, then in file order."""
+    """Every function that can be handed out (a test grades it), in the order to implement them: by chapter, then
+    a module before the modules that import it, then in file order."""
     targets = []
     for name, pairs in grading_tests(tests).items():
         module, _, qualname = name.partition(".")
@@ -165,8 +177,10 @@ def offered(tests: Path = TESTS, pkg: Path = PKG) -> list[Target]:
         node = find_function(ast.parse(source.read_text()), qualname) if source.is_file() else None
         if node is None:
             raise KitError(f"{pairs[0][0]}::{pairs[0][1]} grades {name!r}, which is not in {PACKAGE}/")
-        targets.append((CHAPTER.get(module, 99), module, node.lineno, Target(name, module, qualname, pairs)))
-    return [t for *_, t in sorted(targets, key=lambda x: x[:3])]
+        target = Target(name, module, qualname, pairs)
+        # a module's import closure contains every module it depends on: its size orders them dependencies first
+        targets.append((target.chapter, len(closure(module, pkg=pkg)), module, node.lineno, target))
+    return [t for *_, t in sorted(targets, key=lambda x: x[:4])]
 
 
 def resolve(names: list[str], tests: Path = TESTS, pkg: Path = PKG) -> list[Target]:
@@ -242,9 +256,10 @@ def mark_solution(source: str, qualname: str) -> str:
     return "\n".join(new) + "\n"
 
 
-def clear_solutions(text: str, messages: list[str] | None = None) -> str:
+def clear_solutions(text: str, messages: list[str] | None = None, notes: list[str] | None = None) -> str:
     """Replace each `### BEGIN SOLUTION` ... `### END SOLUTION` region by nbgrader's stub, at the marker's indentation:
-    `# YOUR CODE HERE` and `raise NotImplementedError()` (with messages[i] as the i-th region's message, if given)."""
+    `# YOUR CODE HERE` and `raise NotImplementedError()` (with messages[i] as the i-th region's message, and the
+    comment notes[i] above the stub, where given)."""
     out, inside, n = [], None, 0
     for i, line in enumerate(text.split("\n"), 1):
         stripped = line.strip()
@@ -253,6 +268,7 @@ def clear_solutions(text: str, messages: list[str] | None = None) -> str:
                 raise KitError(f"line {i}: {BEGIN} inside another solution region")
             inside = line[: len(line) - len(line.lstrip())]
             message = repr(messages[n]) if messages else ""
+            out += [f"{inside}# {notes[n]}"] if notes and notes[n] else []
             out += [f"{inside}{STUB}", f"{inside}raise NotImplementedError({message})"]
             n += 1
         elif stripped == END:
@@ -282,7 +298,8 @@ def grader_source(path: Path, names: set[str]) -> str:
     drop = []
     for node in ast.parse(source).body:
         is_test = isinstance(node, ast.FunctionDef) and node.name.startswith("test")
-        if is_test and not set(marked_targets(node)) & names:
+        is_test_class = isinstance(node, ast.ClassDef) and node.name.startswith("Test")  # never a grading test
+        if is_test_class or (is_test and not set(marked_targets(node)) & names):
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             drop.append((first - 1, node.end_lineno))
     for start, end in reversed(drop):
@@ -339,6 +356,14 @@ def student_readme(targets: list[Target], modules: set[str], needs: list[str], s
 
 
 def prepare_out(out: Path, force: bool) -> None:
+    """Make `out` an empty folder: refuse a file, a non-empty folder without `force`, and (even with it) a folder
+    whose removal would take the repository or the working folder with it."""
+    where = out.resolve()
+    for keep in (REPO, Path.cwd().resolve()):
+        if where == keep or where in keep.parents or (keep == REPO and where in (PKG, TESTS, REPO / "notebooks",
+                                                                                 REPO / "chapters", REPO / ".git")):
+            raise KitError(f"--out {out}: that is {'the repository' if keep == REPO else 'the current folder'} or a "
+                           f"folder it needs; name a new folder for the assignment")
     if out.exists() and not out.is_dir():
         raise KitError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()):
@@ -358,22 +383,24 @@ def make_assignment(names: list[str], out: str | Path, solution: bool = False, f
     for t in targets:
         for file, _ in t.tests:
             graders.setdefault(file, grader_source(tests / file, chosen))
-    prepare_out(out, force)
-    (out / "tests").mkdir()
-    needed_by_tests = set()
-    for file, text in graders.items():
-        (out / "tests" / file).write_text(text)
-        needed_by_tests |= package_imports(out / "tests" / file)
+    needed_by_tests = set().union(*(imports_in(text) for text in graders.values()))
     modules = closure(*{t.module for t in targets}, *needed_by_tests, pkg=pkg)
-    (out / PACKAGE).mkdir()
-    shutil.copy(pkg / "__init__.py", out / PACKAGE / "__init__.py")
+    sources = {}  # every file is made before anything is written: a KitError leaves no half-made folder
     for m in sorted(modules):
         source = (pkg / f"{m}.py").read_text()
-        here = [t for t in targets if t.module == m]  # in file order
+        here = sorted((t for t in targets if t.module == m), key=lambda t: find_function(ast.parse(source), t.qualname).lineno)
         for t in here:
             source = mark_solution(source, t.qualname)
         if not solution:
             source = clear_solutions(source, [f"{t.qualname}: your code here" for t in here])
+        sources[m] = source
+    prepare_out(out, force)
+    (out / "tests").mkdir()
+    for file, text in graders.items():
+        (out / "tests" / file).write_text(text)
+    (out / PACKAGE).mkdir()
+    shutil.copy(pkg / "__init__.py", out / PACKAGE / "__init__.py")
+    for m, source in sources.items():
         (out / PACKAGE / f"{m}.py").write_text(source)
     (out / "pytest.ini").write_text(PYTEST_INI)
     files = [out / PACKAGE / f"{m}.py" for m in modules] + [out / "tests" / f for f in graders]
@@ -417,16 +444,62 @@ def notebook_regions(nb: dict) -> int:
     return sum("".join(c["source"]).count(BEGIN) for c in nb["cells"] if c["cell_type"] == "code")
 
 
+def assigned_names(tree: ast.AST, lines: range | None = None) -> set[str]:
+    """The names a piece of code binds (assignments, loop targets, defs, imports), only on `lines` if given."""
+    names = set()
+    for node in ast.walk(tree):
+        if lines is not None and getattr(node, "lineno", None) not in lines:
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def names_to_define(text: str, known: set[str]) -> list[list[str]]:
+    """For each solution region of a cell: the names it binds that the cell's later lines (the checks) read and
+    that no earlier cell binds (`known`). The student's code must define them."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:  # a cell with IPython magics: no hints
+        return []
+    lines = text.split("\n")
+    starts = [i + 1 for i, line in enumerate(lines) if line.strip() == BEGIN]
+    ends = [i + 1 for i, line in enumerate(lines) if line.strip() == END]
+    out = []
+    for start, end in zip(starts, ends):
+        bound = assigned_names(tree, range(start, end)) - assigned_names(tree, range(1, start)) - known
+        read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.lineno > end}
+        out.append(sorted(bound & read))
+    return out
+
+
 def student_notebook(nb: dict) -> dict:
-    """The notebook with every solution region cleared and the outputs of those cells removed (they would give
-    the answers away); every other cell as it is."""
+    """The notebook with every solution region cleared (each stub says which names the checks after it read), the
+    outputs of those cells removed (they would give the answers away), and those cells shown and titled as
+    exercises; every other cell as it is."""
     nb = json.loads(json.dumps(nb))
+    known: set[str] = set()  # the names earlier cells bind
     for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
         text = "".join(cell["source"])
-        if cell["cell_type"] == "code" and BEGIN in text:
-            cleared = clear_solutions(text)
-            cell["source"] = cleared.splitlines(keepends=True)
+        if BEGIN in text:
+            notes = [f"define {', '.join(names)}: the checks below read them" if names else ""
+                     for names in names_to_define(text, known)]
+            text = re.sub(r"^# Solution to exercise (\d+)", r"# Exercise \1: your solution", clear_solutions(text, notes=notes))
+            cell["source"] = text.splitlines(keepends=True)
             cell["outputs"], cell["execution_count"] = [], None
+            cell["metadata"].get("jupyter", {}).pop("source_hidden", None)  # the cell to write in is shown
+            if "solution" in cell["metadata"].get("tags", []):
+                cell["metadata"]["tags"].remove("solution")
+        try:
+            known |= assigned_names(ast.parse(text))
+        except SyntaxError:
+            pass
     return nb
 
 
@@ -439,14 +512,16 @@ def make_notebook(path: str | Path, out: str | Path, solution: bool = False, for
         raise KitError(f"{path}: no such notebook")
     try:
         nb = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise KitError(f"{path}: not a notebook (line {e.lineno}: {e.msg})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise KitError(f"{path}: not a notebook ({e})") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise KitError(f"{path}: not a notebook (no list of cells)")
     regions = notebook_regions(nb)
     if regions == 0:
         raise KitError(f"{path}: no cell is marked with {BEGIN} / {END}, so there is nothing to hand out")
+    written = nb if solution else student_notebook(nb)  # before anything is written: a bad region is refused first
     prepare_out(out, force)
     (out / "notebooks").mkdir()
-    written = nb if solution else student_notebook(nb)
     (out / "notebooks" / path.name).write_text(json.dumps(written, indent=1, ensure_ascii=False) + "\n")
     shutil.copytree(PKG, out / PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "classroom.py"))
     if (REPO / "chapters").is_dir():  # a notebook builds the earlier chapters' runs it needs with their scripts
@@ -464,9 +539,10 @@ def make_notebook(path: str | Path, out: str | Path, solution: bool = False, for
         "pip install torch tiktoken numpy matplotlib tqdm safetensors jupyter pytest nbclient nbformat ipykernel",
         "python -m pytest", "```", "",
         "The grader runs the notebook top to bottom in quick mode (`LLMFS_QUICK=1`; set `LLMFS_QUICK=0` for the real "
-        "run) and fails on the first cell that raises: an exercise left unsolved, or one whose check fails. "
-        "The notebooks follow nbgrader's convention, so a course that runs nbgrader can also take the original notebook "
-        "as it is.", ""]))
+        "run) and fails on the first cell that raises: an exercise left unsolved, or one whose check fails. Each "
+        "exercise's stub names the variables the checks after it read: your code must define them. A notebook that "
+        "builds on an earlier chapter's run (notebooks 04 to 10) makes that run first, in quick mode, the first time "
+        "the grader runs (a minute or two; later runs reuse it, in `runs/`).", ""]))
     return regions
 
 
@@ -489,8 +565,15 @@ def cmd_list() -> str:
     return "\n".join(rows)
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported as the kit reports bad input: one line, exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineErrors(
         prog="python -m llm_from_scratch.classroom",
         description="Turn functions of the library (or a course notebook) into an auto-graded assignment, graded by "
                     "the project's own unit tests.",
@@ -519,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         notebooks = [w for w in args.what if w.endswith(".ipynb")]
         if notebooks:
             if len(args.what) != 1:
-                raise KitError("make: give one notebook, or functions, not both")
+                raise KitError("make: give one notebook at a time" if len(notebooks) > 1
+                               else "make: give one notebook, or functions, not both")
             n = make_notebook(notebooks[0], args.out, args.solution, args.force)
             print(f"wrote {args.out}: {Path(notebooks[0]).name} with {n} exercise"
                   f"{'s' if n != 1 else ''} {'solved' if args.solution else 'cleared'}; grade it with "
@@ -528,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         targets = make_assignment(args.what, args.out, args.solution, args.force)
         n_tests = len({pair for t in targets for pair in t.tests})
         print(f"wrote {args.out}: {len(targets)} function{'s' if len(targets) != 1 else ''} "
-              f"{'with their solutions' if args.solution else 'to implement'}, graded by {n_tests} tests; "
+              f"{'with their solutions' if args.solution else 'to implement'}, graded by {n_tests} test "
+              f"function{'s' if n_tests != 1 else ''}; "
               f"grade it with `cd {args.out} && python -m pytest`")
         return 0
     except KitError as e:

@@ -160,10 +160,19 @@ def test_dpo_cached_and_live_reference_agree_and_the_comparison_reuses_the_defau
     cached, live = results["cached"], results["live"]
     assert set(cached["weights_held"]) == {"policy"} and set(live["weights_held"]) == {"policy", "reference"}
     assert (runs / "dpo" / "reference_logps.safetensors").is_file() and not (runs / "dpo_live" / "reference_logps.safetensors").exists()
+    # the first step sees the same weights and the same reference log-probs up to float32 rounding (sums of ~300
+    # log-probs made in other batches): its numbers agree to the 6th digit
+    first = {}
+    for reference in ("cached", "live"):
+        out = runs / ("dpo" if reference == "cached" else "dpo_live")
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        first[reference] = next(r for r in records if r.get("step") == 1 and "train/loss" in r)
+    for key in ("train/loss", "train/rewards/margins", "train/logps/chosen"):
+        assert first["cached"][key] == pytest.approx(first["live"][key], rel=1e-5, abs=1e-4), key
+    # after a few AdamW steps they drift apart by more: Adam divides each gradient by its own running size, so a
+    # parameter whose gradient is ~0 steps by ±lr on the sign of its rounding error (4e-4 in the margins seen once)
     for key in ("rewards/accuracies", "rewards/margins", "loss", "logps/chosen"):
-        # the same numbers up to float32 rounding: a sum of ~300 log-probs computed in other batches (and on another
-        # CPU's vector units) moves in its 7th digit
-        assert cached["val"][key] == pytest.approx(live["val"][key], rel=1e-5, abs=1e-4), key
+        assert cached["val"][key] == pytest.approx(live["val"][key], rel=0.02, abs=5e-3), key
     assert cached["after"]["gold"] == pytest.approx(live["after"]["gold"], abs=1e-6)
 
     compare = subprocess.run([sys.executable, script, "--quick", "--quiet", "--compare"], capture_output=True, text=True,

@@ -140,6 +140,28 @@ def test_bad_input_is_one_error_line_and_exit_code_2(args, message, tmp_path):
     assert not (tmp_path / "hw").exists()  # nothing written
 
 
+def test_usage_mistakes_are_one_line_too():
+    run = run_kit("make", "dpo.dpo_loss")  # no --out
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and run.stderr.startswith("error: ") and "--out" in run.stderr
+    run = run_kit("make", "notebooks/02_attention.ipynb", "notebooks/03_gpt.ipynb", "--out", "/nowhere")
+    assert run.returncode == 2 and "one notebook at a time" in run.stderr
+
+
+def test_force_never_removes_the_repository_or_the_working_folder(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    for out, cwd in ((".", tmp_path), (str(tmp_path.parent), tmp_path), (str(ROOT), tmp_path), (str(ROOT / "tests"), tmp_path)):
+        run = run_kit("make", "dpo.dpo_loss", "--out", out, "--force", cwd=cwd)
+        assert run.returncode == 2 and run.stderr.startswith("error: ") and "name a new folder" in run.stderr, (out, run.stderr)
+    assert (tmp_path / "precious.txt").read_text() == "keep me" and (ROOT / "tests" / "classroom" / "bugs.py").exists()
+
+
+def test_the_order_to_implement_puts_what_a_function_calls_first():
+    names = [t.name for t in kit.resolve(["generation.sequence_logprobs", "model.Block.forward", "tokenizer.merge_pair",
+                                          "data.TokenWindowDataset.__getitem__"])]
+    assert names == ["tokenizer.merge_pair", "data.TokenWindowDataset.__getitem__", "model.Block.forward",
+                     "generation.sequence_logprobs"]
+
+
 def test_a_non_empty_out_folder_is_refused_unless_forced(tmp_path):
     out = tmp_path / "hw"
     out.mkdir()
@@ -150,6 +172,15 @@ def test_a_non_empty_out_folder_is_refused_unless_forced(tmp_path):
     run = run_kit("make", "dpo.dpo_loss", "--out", str(out), "--force")
     assert run.returncode == 0, run.stderr
     assert not (out / "mine.txt").exists() and (out / "llm_from_scratch" / "dpo.py").exists()
+
+
+@pytest.mark.parametrize("text", ["{}", "[1, 2]", "not json"])
+def test_a_file_that_is_no_notebook_is_refused(tmp_path, text):
+    nb = tmp_path / "odd.ipynb"
+    nb.write_text(text)
+    run = run_kit("make", str(nb), "--out", str(tmp_path / "hw"))
+    assert run.returncode == 2 and run.stderr.startswith("error: ") and "not a notebook" in run.stderr, run.stderr
+    assert run.stderr.count("\n") == 1 and not (tmp_path / "hw").exists()
 
 
 def test_a_notebook_without_marked_cells_is_refused(tmp_path):
@@ -208,8 +239,20 @@ def test_every_exercise_solution_is_marked_and_clears_to_valid_python(path):
             new = "".join(cleared["source"])
             compile(new, path.name, "exec")  # the student's cell is valid Python
             assert "raise NotImplementedError()" in new and cleared["outputs"] == []
+            assert new.startswith("# Exercise ") and not cleared["metadata"].get("jupyter", {}).get("source_hidden")
         else:  # every other cell as it was, outputs included
             assert cleared == cell
+
+
+def test_a_student_notebook_names_what_the_checks_read():
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 1,
+                     "source": ["x = 1\n"]},
+                    {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 2,
+                     "source": ["# Solution to exercise 1\n", "### BEGIN SOLUTION\n", "x = 2\n", "y = x + 1\n",
+                                "helper = 3\n", "### END SOLUTION\n", "assert x == 2 and y == 3\n"]}]}
+    cell = kit.student_notebook(nb)["cells"][1]
+    assert "".join(cell["source"]) == ("# Exercise 1: your solution\n# define y: the checks below read them\n"
+                                       "# YOUR CODE HERE\nraise NotImplementedError()\nassert x == 2 and y == 3\n")
 
 
 @pytest.mark.slow
