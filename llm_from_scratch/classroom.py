@@ -233,6 +233,11 @@ def shape_notes(lines: list[str]) -> list[str]:
     return notes
 
 
+def has_docstring(node: ast.FunctionDef) -> bool:
+    """Whether the function's first statement is its docstring."""
+    return ast.get_docstring(node, clean=False) is not None
+
+
 def mark_solution(source: str, qualname: str) -> str:
     """The module source with the body of `qualname` (after its docstring) between nbgrader's solution markers,
     preceded by the shapes its reference computes."""
@@ -241,7 +246,7 @@ def mark_solution(source: str, qualname: str) -> str:
         raise KitError(f"no function {qualname!r}")
     lines = source.splitlines()
     body = node.body
-    has_doc = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
+    has_doc = has_docstring(node)
     if has_doc and len(body) == 1:
         raise KitError(f"{qualname} has no body to hand out")
     if body[0].lineno == node.lineno:
@@ -324,8 +329,7 @@ def signature_and_docstring(t: Target, pkg: Path = PKG) -> list[str]:
     lines = (pkg / f"{t.module}.py").read_text().splitlines()
     node = find_function(ast.parse("\n".join(lines)), t.qualname)
     first = node.body[0]
-    has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
-    block = lines[node.lineno - 1: first.end_lineno if has_doc else first.lineno - 1]
+    block = lines[node.lineno - 1: first.end_lineno if has_docstring(node) else first.lineno - 1]
     return textwrap.dedent("\n".join(block)).split("\n")
 
 
