@@ -38,7 +38,7 @@ from llm_from_scratch.generation import generate
 from llm_from_scratch.model import GPT, PRESETS, GPTConfig
 from llm_from_scratch.plots import loss_plot
 from llm_from_scratch.tokenizer import EOS_TOKEN, Tokenizer
-from llm_from_scratch.train import TrainConfig, fastest_dtype, load_gpt, train
+from llm_from_scratch.train import TrainConfig, load_gpt, train
 
 PROMPTS = ["Once upon a time,", "Mia found a", "23 plus 45:", "Cats say"]
 
@@ -115,16 +115,8 @@ def main(argv=None) -> dict:
     model = GPT(config).to(device)
 
     sampler = WindowSampler(train_ids, args.context, args.batch_size, seed=args.seed)
-    timing = {}
-
-    def measure() -> str:  # --dtype auto on a CPU: the faster of the two on this model's own training step
-        choice, seconds = fastest_dtype(model, [sampler.batch(0)])
-        timing.update(seconds)
-        return choice
-
-    dtype = choose_dtype(args.dtype, device, measure)
-    why = (f" (auto: a training step took {timing['float32'] * 1e3:.0f} ms in float32, {timing['bfloat16'] * 1e3:.0f} ms "
-           f"in bfloat16)" if timing else " (auto)" if args.dtype == "auto" else "")
+    dtype = choose_dtype(args.dtype, device)  # auto: float32 on a CPU, the same on every CPU (device.py)
+    why = " (auto)" if args.dtype == "auto" else ""
     compile_ = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
     print(f"device {device} | precision {dtype}{why} | compile {'on' if compile_ else 'off'}"
           f" | {model.num_params():,} parameters | {len(train_ids):,} training tokens, {len(val_ids):,} validation tokens")
@@ -167,7 +159,7 @@ def main(argv=None) -> dict:
     result = {"preset": args.preset, "params": model.num_params(), "steps": args.steps, "seconds_this_run": seconds,
               "tokens": summary["tokens"], "best_val_loss": summary["best_val"], "entropy_floor": floor,
               "gap_to_floor": None if floor is None else summary["best_val"] - floor, "device": str(device),
-              "precision": cfg.dtype, "precision_step_seconds": timing or None, "compile": compile_, "validation": "document windows" if floor is not None else "random windows"}
+              "precision": cfg.dtype, "compile": compile_, "validation": "document windows" if floor is not None else "random windows"}
     atomic_write_text(out / "report.md", report(result, before, after))
     write_summary(out, result, args.quick)  # last: marks the run finished
     if floor is not None:

@@ -34,7 +34,7 @@ from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
 from llm_from_scratch.plots import loss_plot, save
 from llm_from_scratch.sft import SFTBatches, evaluate_tasks
 from llm_from_scratch.tokenizer import Tokenizer
-from llm_from_scratch.train import TrainConfig, fastest_dtype, load_gpt, train
+from llm_from_scratch.train import TrainConfig, load_gpt, train
 
 HEADLINE = ("arithmetic", "word_problem", "story")  # the numbers a sweep reports (story: the gold score)
 
@@ -47,7 +47,7 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--warmup", type=int, default=50, help="warmup steps (default 50)")
     ap.add_argument("--train-on-prompt", action="store_true", help="also put the loss on the prompt tokens")
-    ap.add_argument("--eval-examples", type=int, default=1000, help="held-out examples to score (default 1000, all tasks)")
+    ap.add_argument("--eval-examples", type=int, default=1500, help="held-out examples to score (default 1500: all, every task)")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="run seeds 0..N-1 into runs/sft_seeds/ and print the spread of the results")
     ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
@@ -102,16 +102,8 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     print(f"seed {seed}: {len(batches.examples):,} training examples ({batches.dropped} longer than the context dropped), "
           f"{len(eval_set)} held-out examples scored; loss on {'prompt and response' if args.train_on_prompt else 'the response only'}")
 
-    timing = {}
-
-    def measure() -> str:  # --dtype auto on a CPU: the faster of the two on this model's own training step
-        choice, seconds = fastest_dtype(model, [batches.batch(i) for i in range(4)])
-        timing.update(seconds)
-        return choice
-
-    dtype = choose_dtype(args.dtype, device, measure)
-    print(f"precision {dtype}" + (f" (auto: a training step took {timing['float32'] * 1e3:.0f} ms in float32, "
-                                  f"{timing['bfloat16'] * 1e3:.0f} ms in bfloat16)" if timing else ""))
+    dtype = choose_dtype(args.dtype, device)  # auto: float32 on a CPU, the same on every CPU (device.py)
+    print(f"precision {dtype}")
     start_run(out)  # until this run finishes, the folder holds no finished run
     if before is None and (out / "eval_before.json").is_file() and (out / "last" / "train_state.pt").is_file():
         before = json.loads((out / "eval_before.json").read_text())  # a resumed run
@@ -141,8 +133,7 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
             shown_per_task[r["task"]] = shown_per_task.get(r["task"], 0) + 1
             samples.append(f"| {r['task']} | {table_cell(r['prompt'])} | {table_cell(r['response'])} | {r['reward']:.2f} |")
     result = {"before": before, "after": after, "seconds": seconds, "steps": args.steps, "seed": seed, "lr": args.lr,
-              "train_on_prompt": args.train_on_prompt, "device": str(device), "precision": dtype,
-              "precision_step_seconds": timing or None}
+              "train_on_prompt": args.train_on_prompt, "device": str(device), "precision": dtype}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
     atomic_write_text(out / "samples.md", "\n".join(samples) + "\n")
     atomic_write_text(out / "report.md", "\n".join([

@@ -9,19 +9,29 @@ the starting policy and the frozen reference of the KL penalty.
   --task stories         RLHF: the reward is the chapter-6 reward model (--reward rm, the default here), and
                          the gold story reward, which the policy never sees, is logged beside it.
 
-Writes runs/pg_<task>_<algo>/: the policy (model.safetensors, config.json, the tokenizer), metrics.jsonl
-(reward, gold/reward, proxy/reward, objective/kl and kl_k3, objective/entropy, completions/*, and the
-step time split into generate, reference, reward (scoring) and update; for stories the shares of samples
-without the asked name or object), rollout_samples.jsonl (at each evaluation, the samples the trained reward
-liked best), eval.json (with the SFT model's pass@k for word problems), samples.md, curves.png, report.md and
-summary.json. An interrupted run resumes from its last evaluation (--no-resume starts over).
+Writes runs/pg_<task>_<algo>/ (_<loss-type> and _filter appended when those flags are given): the policy
+(model.safetensors, config.json, the tokenizer), metrics.jsonl (reward, gold/reward, proxy/reward, objective/kl
+and kl_k3, objective/entropy, completions/*, and the step time split into generate, reference, reward (scoring)
+and update; for stories the shares of samples without the asked name or object; at each evaluation eval/greedy/*
+and, with --eval-samples, eval/sampled/*: llm_from_scratch/evaluation.py), rollout_samples.jsonl (at each
+evaluation, the samples the trained reward liked best), eval.json (for word problems also the SFT model's pass@k
+and McNemar's exact test of the greedy answers before and after), samples.md, curves.png, report.md and summary.json. An interrupted run resumes from its last evaluation
+(--no-resume starts over).
 
 --seeds N runs seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, into runs/pg_<task>_<algo>_seeds/,
 and prints the spread (min / median / max) of the held-out score and of its gain.
 
+TRL's GRPO knobs, for any --algo: --loss-type grpo|dr_grpo|dapo sums the per-token loss per sequence (the mean over
+each completion's tokens: favours short right answers and long wrong ones), per constant (Σ_t / --max-new-tokens)
+or per token (Σ over the batch's tokens / their number); without it each algorithm keeps its own (GRPO grpo, Dr. GRPO
+dr_grpo, REINFORCE and RLOO the sum over tokens). --filter-groups is DAPO's dynamic-sampling filter: the prompts
+whose samples all got the same raw reward are left out of the update (the batch is not refilled); metrics.jsonl
+logs frac_reward_zero_std, train/rows (the rows the update used) and train/skipped_step.
+
     python chapters/ch07_policy_gradient.py                         # RLOO on word problems
     python chapters/ch07_policy_gradient.py --algo grpo
     python chapters/ch07_policy_gradient.py --task stories --beta 0 # against the reward model, no KL
+    python chapters/ch07_policy_gradient.py --loss-type dapo --filter-groups  # RLOO, token-level loss, DAPO's filter
     python chapters/ch07_policy_gradient.py --quick                 # a smoke run (also LLMFS_QUICK=1)
 """
 
@@ -60,8 +70,10 @@ from llm_from_scratch.checkpoint import (
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.plots import save
-from llm_from_scratch.policy_gradient import (ALGOS, MovingAverageBaseline, PGConfig, pass_at_k, pg_update, rollout,
-                                              sampled_eval)
+from llm_from_scratch.policy_gradient import LOSS_TYPES, normalisation  # --loss-type's choices and their meaning
+from llm_from_scratch.evaluation import eval_record as schema_record
+from llm_from_scratch.evaluation import greedy_eval, mcnemar_exact, sampled_eval
+from llm_from_scratch.policy_gradient import ALGOS, MovingAverageBaseline, PGConfig, pass_at_k, pg_update, rollout
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer
@@ -87,6 +99,19 @@ def parse_args(argv=None):
                     help="where the KL goes: 'reward' (−β·Σ k1 per sequence) or 'loss' (β·k3 per token); "
                          "default: loss for GRPO and Dr. GRPO, reward otherwise")
     ap.add_argument("--inner-epochs", type=int, help="updates per rollout batch (default: 2 for GRPO, 1 otherwise)")
+    ap.add_argument("--loss-type", choices=list(LOSS_TYPES),
+                    help="how the per-token loss is summed into one (TRL's names), for any --algo: grpo = the mean "
+                         "over each completion's own tokens, then over completions (short right answers and long "
+                         "wrong ones are favoured: GRPO's length bias); dr_grpo = the sum over a completion's tokens "
+                         "divided by --max-new-tokens, then the mean over completions; dapo = the sum over every token "
+                         "of the batch divided by their number (dr_grpo and dapo weigh every token alike: no length "
+                         "bias). Default: the algorithm's own (grpo for GRPO, dr_grpo for Dr. GRPO, otherwise the sum "
+                         "over a completion's tokens, then the mean over completions)")
+    ap.add_argument("--filter-groups", action="store_true",
+                    help="DAPO's dynamic-sampling filter: leave out of the update the prompts whose --k samples all "
+                         "got the same reward (the raw reward, before the KL term); they carry no signal for RLOO and "
+                         "GRPO. The batch is not refilled with new samples; a step where every prompt is filtered "
+                         "does no update")
     ap.add_argument("--temperature", type=float, default=0.7,
                     help="sampling temperature of the rollouts; log-probs and the KL use the same (default 0.7)")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="completion length limit (default 128)")
@@ -128,6 +153,8 @@ def parse_args(argv=None):
         ap.error("--eval-samples must be ≥ 0")
     if args.k < 2 and args.algo != "reinforce":
         ap.error(f"--algo {args.algo} compares samples of one prompt: --k must be ≥ 2")
+    if args.k < 2 and args.filter_groups:
+        ap.error("--filter-groups compares the samples of one prompt: --k must be ≥ 2")
     if args.quick:
         args.steps, args.prompts, args.k, args.max_new_tokens = 4, 2, 4, 24
         args.eval_interval, args.eval_examples, args.pass_at_k = 2, 8, min(args.pass_at_k, 2)
@@ -162,36 +189,36 @@ def sft_seed_sweep(root: Path, seeds: int) -> Path:
 
 
 def evaluate(policy, tok, examples: list[dict], proxy_fn=None) -> dict:
-    """Greedy answers to held-out prompts: the gold reward's mean (accuracy for word problems), the share that
-    ended with EOS, and the trained reward's mean when it is not gold (the reward model, for stories)."""
-    answers = answer(policy, tok, [e["prompt"] for e in examples])
-    gold = [tinyworld.gold_reward(e, text) for e, (text, _) in zip(examples, answers)]
-    result = {"gold": sum(gold) / len(gold), "n": len(gold), "ended": sum(e for _, e in answers) / len(answers)}
-    if proxy_fn is not None:
-        result["proxy"] = float(torch.as_tensor(proxy_fn([e["prompt"] for e in examples], [t for t, _ in answers])).mean())
-    result["samples"] = [{"prompt": e["prompt"], "response": t, "gold": g} for e, (t, _), g in zip(examples[:6], answers, gold)]
-    return result
+    """Greedy answers to held-out prompts (evaluation.greedy_eval): the gold reward's mean (accuracy for word
+    problems), each example's gold (for McNemar's test), the share that ended with EOS, and the trained reward's mean
+    when it is not gold (the reward model, for stories)."""
+    return greedy_eval(policy, tok, examples, proxy_fn)
 
 
 def evaluate_held_out(args, policy, reference, tok, examples: list[dict], proxy_fn, seed: int) -> dict:
     """`evaluate`'s greedy answers; for stories with --eval-samples N, also the sampled evaluation of chapters 8-10
-    (policy_gradient.sampled_eval) under "sampled"."""
+    (evaluation.sampled_eval) under "sampled"."""
     result = evaluate(policy, tok, examples, proxy_fn)
     if args.task == "stories" and args.eval_samples:
         sampled = sampled_eval(policy, reference, tok, examples, args.eval_samples, args.temperature,
                                args.max_new_tokens, proxy_fn, seed)
-        result["sampled"] = {k: sampled[k] for k in ("gold", "gold_se", "proxy", "kl", "kl_k3", "n", "length")}
+        result["sampled"] = {k: sampled[k] for k in ("gold", "gold_se", "proxy", "has_proxy", "kl", "kl_k3", "n", "length")}
     return result
 
 
 def eval_record(result: dict) -> dict:
-    """The metrics.jsonl keys of one held-out evaluation."""
-    record = {"eval/gold": result["gold"], **({"eval/proxy": result["proxy"]} if "proxy" in result else {})}
+    """The metrics.jsonl keys of one held-out evaluation, in the one schema (evaluation.eval_record):
+    eval/greedy/accuracy (word problems) or eval/greedy/gold (stories), eval/greedy/proxy and ended; with
+    --eval-samples also eval/sampled/gold, gold_se, proxy, kl, kl_k3, length."""
+    record = schema_record(result, "eval/greedy")
     if "sampled" in result:
-        s = result["sampled"]
-        record.update({"eval/sampled_gold": s["gold"], "eval/sampled_gold_se": s["gold_se"],
-                       "eval/sampled_proxy": s["proxy"], "eval/kl": s["kl"], "eval/kl_k3": s["kl_k3"]})
+        record.update(schema_record(result["sampled"], "eval/sampled"))
     return record
+
+
+def greedy_key(task: str) -> str:
+    """The metrics.jsonl key of the greedy held-out score: the accuracy for word problems, the gold reward for stories."""
+    return "eval/greedy/accuracy" if task == "word-problems" else "eval/greedy/gold"
 
 
 def sampled_pass_at_k(policy, tok, examples: list[dict], n: int, temperature: float, seed: int) -> dict[int, float]:
@@ -227,13 +254,13 @@ def top_samples(ro, step: int, by_prompt: dict, task: str, n: int = 2) -> list[d
 
 def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = None) -> None:
     steps = [r["step"] for r in records if "reward" in r]
-    evals = [r for r in records if "eval/gold" in r]
+    evals = [r for r in records if greedy_key(task) in r]
     fig, axes = plt.subplots(1, 3 if task == "stories" else 2, figsize=(15 if task == "stories" else 10, 3.5))
     a1, a2 = axes[:2]
     a1.plot(steps, [r["proxy/reward"] for r in records if "reward" in r], alpha=0.6, label="sampled: trained reward")
     if task == "stories":
         a1.plot(steps, [r["gold/reward"] for r in records if "reward" in r], alpha=0.6, label="sampled: gold reward")
-    a1.plot([r["step"] for r in evals], [r["eval/gold"] for r in evals], marker="o",
+    a1.plot([r["step"] for r in evals], [r[greedy_key(task)] for r in evals], marker="o",
             label="held out, greedy: " + ("accuracy" if task == "word-problems" else "gold reward"))
     for k, value in (ceiling or {}).items():  # the SFT model's pass@k: what reweighting its samples can reach
         if int(k) in (1, 4, 16):
@@ -253,6 +280,13 @@ def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = Non
     save(fig, out / "curves.png")
 
 
+def pg_config(args) -> PGConfig:
+    """The update's settings from the command line (eval.json records them under "config")."""
+    return PGConfig(algo=args.algo, k=args.k, beta=args.beta, kl_in=args.kl_in, inner_epochs=args.inner_epochs,
+                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, loss_type=args.loss_type,
+                    filter_groups=args.filter_groups)
+
+
 def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
     """One policy-gradient run from the SFT model in `init` into `out`; returns what eval.json holds."""
     seed_everything(seed)
@@ -269,13 +303,16 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
     rm_fn = reward_fn(rm, tok) if rm is not None else None
     train_fn = gold_fn if args.reward == "gold" else rm_fn
     proxy_fn = None if args.reward == "gold" else rm_fn  # what held-out answers score on the trained reward
-    cfg = PGConfig(algo=args.algo, k=args.k, beta=args.beta, kl_in=args.kl_in, inner_epochs=args.inner_epochs,
-                   max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    cfg = pg_config(args)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     baseline = MovingAverageBaseline()
     print(f"{args.algo} on {args.task} ({len(train_prompts):,} training prompts, {len(held_out)} held out), reward: "
           f"{'gold' if args.reward == 'gold' else 'the reward model'}; {args.prompts} prompts x {args.k} samples per "
-          f"step, β = {args.beta} (KL in the {args.kl_in}), lr {args.lr}, {args.steps} steps")
+          f"step, β = {args.beta} (KL in the {args.kl_in}), lr {args.lr}, {args.steps} steps; the per-token loss "
+          f"aggregated as \"{normalisation(args.algo, args.loss_type)}\" ("
+          + (f"--loss-type {args.loss_type}" if args.loss_type else f"{args.algo}'s own") + ")"
+          + ("; prompts whose samples all got the same reward left out of the update (--filter-groups)"
+             if args.filter_groups else ""))
 
     state_file = out / "last" / "train_state.pt"
     if args.no_resume and out.exists():
@@ -334,12 +371,24 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
     last = [r for r in records if "objective/kl" in r][-10:]
     kl = sum(r["objective/kl"] for r in last) / max(1, len(last))  # k1: unbiased, can dip below 0 on a batch
     kl3 = sum(r["objective/kl_k3"] for r in last) / max(1, len(last))  # k3: never below 0
+    if args.filter_groups:  # what DAPO's filter left the updates (it does not refill the batch)
+        steps = [r for r in records if "train/rows" in r]
+        used = sum(r["train/rows"] for r in steps) / max(1, len(steps) * args.prompts * args.k)
+        skipped = sum(r["train/skipped_step"] for r in steps)
+        print(f"--filter-groups: the updates used {used:.1%} of the sampled rows; {skipped:.0f} of {len(steps)} steps "
+              "had no group left and did no update")
     name = "accuracy" if args.task == "word-problems" else "gold reward"
     print(f"after {args.steps} steps ({seconds / 60:.1f} min): held-out {name} {before['gold']:.3f} -> {after['gold']:.3f} "
           f"at KL {kl:.3f} (k1) / {kl3:.3f} (k3) nats per sequence (mean of the last 10 steps)"
           + (f"; sampled at T = {args.temperature}: gold {before['sampled']['gold']:.3f} -> {after['sampled']['gold']:.3f} "
              f"± {after['sampled']['gold_se']:.3f}, held-out KL {after['sampled']['kl']:.2f}" if "sampled" in after else ""))
-    result = {"algo": args.algo, "task": args.task, "reward": args.reward, "before": {k: v for k, v in before.items() if k != "samples"},
+    mcnemar = None
+    if args.task == "word-problems" and "gold_each" in before:  # the same problems before and after: a paired test
+        mcnemar = mcnemar_exact(before["gold_each"], after["gold_each"])
+        print(f"McNemar's exact test on the {len(held_out)} held-out problems: {mcnemar['b']} right before and wrong "
+              f"after, {mcnemar['c']} wrong before and right after, p = {mcnemar['p_value']:.2g}")
+    result = {"algo": args.algo, "task": args.task, "reward": args.reward, "mcnemar": mcnemar,
+              "before": {k: v for k, v in before.items() if k != "samples"},
               "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": args.steps,
               "seconds": seconds, "seed": seed, "init": str(init), "config": vars(cfg), "lr": args.lr, "prompts": args.prompts,
               "eval_samples": args.eval_samples if args.task == "stories" else 0,
@@ -358,16 +407,26 @@ def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
     return result
 
 
+def run_name(args) -> str:
+    """The default folder's name: pg_<task>_<algo>, then _<loss-type> and _filter when those are set (so a run with
+    another aggregation or the filter never overwrites the default run that later chapters read)."""
+    return (f"pg_{args.task}_{args.algo}" + (f"_{args.loss_type}" if args.loss_type else "")
+            + ("_filter" if args.filter_groups else ""))
+
+
 def finished_seed(args, out: Path, seed: int) -> dict | None:
     """The result of a finished run of this very configuration in `out` (a sweep picks up where it stopped), else None."""
     if args.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
         return None
     result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
     same = {"steps": args.steps, "seed": seed, "lr": args.lr, "prompts": args.prompts, "algo": args.algo}
-    same_cfg = {"k": args.k, "beta": args.beta, "temperature": args.temperature, "inner_epochs": args.inner_epochs}
+    same_cfg = {"k": args.k, "beta": args.beta, "temperature": args.temperature, "inner_epochs": args.inner_epochs,
+                "loss_type": args.loss_type, "filter_groups": args.filter_groups}
+    older = {"loss_type": None, "filter_groups": False}  # what runs from before these knobs did
     if result.get("eval_samples", 0) != (args.eval_samples if args.task == "stories" else 0):  # (older runs: 0)
         return None
-    if any(result.get(k) != v for k, v in same.items()) or any(result["config"].get(k) != v for k, v in same_cfg.items()):
+    if any(result.get(k) != v for k, v in same.items()) or any(result["config"].get(k, older.get(k)) != v
+                                                               for k, v in same_cfg.items()):
         return None
     print(f"seed {seed}: keeping the finished run in {shown(out)}")
     return result
@@ -398,10 +457,10 @@ def main(argv=None) -> dict:
     device = pick_device(args.device)
     if not args.seeds:
         init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
-        return pg_run(args, args.out or root / f"pg_{args.task}_{args.algo}", args.seed, init, device)
+        return pg_run(args, args.out or root / run_name(args), args.seed, init, device)
 
     sft_sweep = sft_seed_sweep(root, args.seeds)  # seed k of RL starts from seed k of SFT
-    sweep_dir = args.out or root / f"pg_{args.task}_{args.algo}_seeds"
+    sweep_dir = args.out or root / f"{run_name(args)}_seeds"
     results = []
     for k in range(args.seeds):
         out = sweep_dir / f"seed{k}"

@@ -19,8 +19,9 @@ The SFT model is the starting policy and the frozen reference.
 
 Writes runs/ppo_<task>[_shared][_fixed<coef>]/: the policy (model.safetensors, config.json, the tokenizer; the
 critic in critic/, or with --critic shared the policy with its value head in policy_value/), metrics.jsonl (objective/kl, objective/kl_coef, objective/entropy, objective/scores,
-gold/reward, proxy/reward, policy/approxkl, policy/clipfrac, loss/policy, loss/value, val/explained_variance,
-val/clipfrac, completions/mean_length, and each step's time split into generate, reference, reward, update),
+gold/reward, proxy/reward, policy/approxkl, policy/clipfrac, loss/policy, loss/value, value/explained_variance,
+value/clipfrac, completions/mean_length, and each step's time split into generate, reference, reward, update; at each
+evaluation eval/sampled/* for stories, eval/greedy/* for word problems: llm_from_scratch/evaluation.py),
 rollout_samples.jsonl, eval.json (with the weights each model holds), samples.md, curves.png, report.md and
 summary.json. An interrupted run resumes from its last evaluation (--no-resume starts over).
 
@@ -45,8 +46,8 @@ from pathlib import Path
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import matplotlib.pyplot as plt
 import torch
-from ch07_policy_gradient import (TASKS, evaluate, sft_seed_sweep, spread_table, story_parts,  # chapter 7's helpers
-                                  task_data, top_samples)
+from ch07_policy_gradient import (TASKS, sft_seed_sweep, spread_table, story_parts, task_data,  # chapter 7's helpers
+                                  top_samples)
 from tqdm import tqdm
 
 from llm_from_scratch.checkpoint import (
@@ -67,7 +68,8 @@ from llm_from_scratch.checkpoint import (
 )
 from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.plots import save
-from llm_from_scratch.policy_gradient import rollout, sampled_eval
+from llm_from_scratch.evaluation import eval_record, greedy_eval, sampled_eval
+from llm_from_scratch.policy_gradient import rollout
 from llm_from_scratch.ppo import (
     AdaptiveKLController,
     FixedKLController,
@@ -167,13 +169,13 @@ def curves(out: Path, records: list[dict], args) -> None:
     """Reward (sampled and held out), KL with its target band and the coefficient, the critic's fit, clipping."""
     steps = [r["step"] for r in records if "objective/kl" in r]
     train = [r for r in records if "objective/kl" in r]
-    evals = [r for r in records if "eval/gold" in r]
+    evals = [r for r in records if eval_key(args.task) in r]
     fig, axes = plt.subplots(1, 4, figsize=(22, 4), constrained_layout=True)
     a = axes[0]
     a.plot(steps, [r["proxy/reward"] for r in train], alpha=0.6, label="sampled: trained reward")
     if args.task == "stories":
         a.plot(steps, [r["gold/reward"] for r in train], alpha=0.6, label="sampled: gold reward")
-    a.plot([r["step"] for r in evals], [r["eval/gold"] for r in evals], marker="o",
+    a.plot([r["step"] for r in evals], [r[eval_key(args.task)] for r in evals], marker="o",
            label="held out: " + ("greedy accuracy" if args.task == "word-problems" else f"gold, T = {args.temperature}"))
     a.set(xlabel="step", ylabel="reward", title="reward")
     a = axes[1]
@@ -190,11 +192,11 @@ def curves(out: Path, records: list[dict], args) -> None:
     a.plot(steps, [r["loss/value"] for r in train], label="value loss")
     a.set(xlabel="step", ylabel="value loss", title="the critic")
     twin = axes[2].twinx()
-    twin.plot(steps, [max(-1.0, r["val/explained_variance"]) for r in train], color="C2", label="explained variance (right)")
+    twin.plot(steps, [max(-1.0, r["value/explained_variance"]) for r in train], color="C2", label="explained variance (right)")
     twin.set(ylim=(-1.05, 1.05), ylabel="explained variance")
     twin.legend(fontsize=8, loc="lower right")
     a = axes[3]
-    for key, label in (("policy/clipfrac", "policy clip fraction"), ("val/clipfrac", "value clip fraction"),
+    for key, label in (("policy/clipfrac", "policy clip fraction"), ("value/clipfrac", "value clip fraction"),
                        ("policy/approxkl", "approx KL(old ‖ new)")):
         a.plot(steps, [r[key] for r in train], label=label, alpha=0.8)
     a.set(xlabel="step", title="how far each update moved")
@@ -204,10 +206,20 @@ def curves(out: Path, records: list[dict], args) -> None:
     save(fig, out / "curves.png")
 
 
+def eval_key(task: str) -> str:
+    """The metrics.jsonl key of the held-out score: the greedy accuracy for word problems, the sampled gold for stories."""
+    return "eval/greedy/accuracy" if task == "word-problems" else "eval/sampled/gold"
+
+
+def held_out_record(args, result: dict) -> dict:
+    """One held-out evaluation's metrics.jsonl keys, in the one schema (evaluation.eval_record)."""
+    return eval_record(result, "eval/greedy" if args.task == "word-problems" else "eval/sampled")
+
+
 def held_out_eval(args, policy, reference, tok, held_out, proxy_fn, seed) -> dict:
-    """Stories: the sampled evaluation; word problems: chapter 7's greedy accuracy."""
+    """Stories: the sampled evaluation; word problems: the greedy accuracy (evaluation.greedy_eval), as chapter 7."""
     if args.task == "word-problems":
-        return evaluate(policy, tok, held_out, proxy_fn)
+        return greedy_eval(policy, tok, held_out, proxy_fn)
     return sampled_eval(policy, reference, tok, held_out, args.eval_samples, args.temperature, args.max_new_tokens,
                         proxy_fn, seed)
 
@@ -273,8 +285,7 @@ def ppo_run(args, out: Path, seed: int, init: Path, device) -> dict:
     if before is None:
         t0 = time.perf_counter()
         before = held_out_eval(args, sampler, reference, tok, held_out, rm_fn, seed)
-        append_metrics(out / "metrics.jsonl", {"step": 0, "eval/gold": before["gold"],
-                                               **({"eval/proxy": before["proxy"]} if "proxy" in before else {})})
+        append_metrics(out / "metrics.jsonl", {"step": 0, **held_out_record(args, before)})
         print(f"SFT model ({time.perf_counter() - t0:.0f} s): " + describe(before, args))
 
     generator = torch.Generator(device=device).manual_seed(seed + start)
@@ -294,7 +305,7 @@ def ppo_run(args, out: Path, seed: int, init: Path, device) -> dict:
                   "time/rollout_s": t1 - t0, "time/update_s": t2 - t1}
         if (step + 1) % args.eval_interval == 0 or step + 1 == args.steps:
             result = held_out_eval(args, sampler, reference, tok, held_out, rm_fn, seed)
-            record.update({f"eval/{k}": result[k] for k in ("gold", "proxy", "kl", "kl_k3") if k in result})
+            record.update(held_out_record(args, result))
             for row in top_samples(ro, step + 1, by_prompt, args.task):
                 append_metrics(out / "rollout_samples.jsonl", row)
             save_critic(out / "last", sampler, policy, critic)

@@ -15,9 +15,10 @@ story prompt at --temperature: their gold reward and the KL to the reference (k1
 same random numbers at every evaluation, so the reference's answers and the policy's sit side by side.
 
 Writes runs/dpo[_<variant>][_live]/: the policy (model.safetensors, config.json, the tokenizer), metrics.jsonl
-(train/* per step, val/* and eval/* per evaluation), reference_logps.safetensors, side_by_side.jsonl, curves.png,
-kl_gold.png, logp_shift.png (the per-pair change of the chosen and rejected log-probs), eval.json (with the
-implicit reward's accuracy by gold part beside the reward model's), samples.md, report.md and summary.json. An
+(train/* per step, val/* (the held-out pairs) and eval/sampled/* per evaluation), reference_logps.safetensors,
+side_by_side.jsonl, curves.png, kl_gold.png, logp_shift.png (the per-pair change of the chosen and rejected
+log-probs), eval.json (with the implicit reward's accuracy by gold part beside the reward model's, and the paired gain
+in gold over the SFT model with its standard error over prompts), samples.md, report.md and summary.json. An
 interrupted run resumes from its last evaluation (--no-resume starts over).
 
 --pairs sampled trains on pairs of the SFT model's own stories instead (best and worst of 4 by gold, labelled with
@@ -76,7 +77,7 @@ from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.dpo import (LOSS_TYPES, DPOConfig, dpo_loss, dpo_step, frozen_logps, preference_batch,
                                   preference_metrics, reference_logps)
 from llm_from_scratch.plots import save
-from llm_from_scratch.policy_gradient import sampled_eval  # the held-out evaluation of chapters 7-10: gold, KL k1/k3, same draws every call
+from llm_from_scratch.evaluation import eval_record, paired_gain, sampled_eval  # the one evaluation of chapters 5-10
 from llm_from_scratch.ppo import weights_held
 from llm_from_scratch.reward_model import agreement_by_part, gold_sign, load_preferences, ranking_scores
 from llm_from_scratch.sft import answer
@@ -269,13 +270,13 @@ def curves(out: Path, records: list[dict]) -> None:
 
 def kl_gold_figure(out: Path, records: list[dict], before: dict) -> None:
     """The KL to the reference over training, and the gold reward of the sampled stories against it."""
-    evals = [r for r in records if "eval/kl" in r]
+    evals = [r for r in records if "eval/sampled/kl" in r]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     steps = [r["step"] for r in evals]
-    a1.plot(steps, [r["eval/kl"] for r in evals], marker="o", label="k1")
-    a1.plot(steps, [r["eval/kl_k3"] for r in evals], marker="s", label="k3")
+    a1.plot(steps, [r["eval/sampled/kl"] for r in evals], marker="o", label="k1")
+    a1.plot(steps, [r["eval/sampled/kl_k3"] for r in evals], marker="s", label="k3")
     a1.set(xlabel="step", ylabel="nats per story", title="KL(policy ‖ reference) on held-out prompts")
-    kls, golds, ses = ([r[k] for r in evals] for k in ("eval/kl", "eval/gold", "eval/gold_se"))
+    kls, golds, ses = ([r[f"eval/sampled/{k}"] for r in evals] for k in ("kl", "gold", "gold_se"))
     a2.errorbar(kls, golds, yerr=ses, marker="o", capsize=3, label="DPO, each evaluation (± 1 s.e.)")
     for kl, gold, step in zip(kls, golds, steps):
         a2.annotate(str(step), (kl, gold), fontsize=7, textcoords="offset points", xytext=(4, -8))
@@ -380,7 +381,7 @@ def dpo_run(args, out: Path, seed: int, init: Path, device) -> dict:
         result = sampled_eval(policy, reference_model(live, init, tok, device), tok, held_out, args.eval_samples,
                               args.temperature, args.max_new_tokens, None, seed)
         record = {"step": step, **{f"val/{k}": v for k, v in metrics.items()},
-                  **{f"eval/{k}": result[k] for k in ("gold", "gold_se", "kl", "kl_k3")}}
+                  **eval_record(result, "eval/sampled")}  # gold, gold_se, kl, kl_k3, length (no proxy: gold is all)
         append_metrics(out / "metrics.jsonl", record)
         for row in side_by_side(step, before or result, result):
             append_metrics(out / "side_by_side.jsonl", row)
@@ -463,8 +464,7 @@ def finish(args, out, seed, init, device, policy, tok, train_pairs, val_rows, va
     if rm_run and "by_part" in rm_run:
         parts["reward model (ch. 6)"] = rm_run["by_part"]
         ranked["reward model (ch. 6)"] = {"accuracy": rm_run["accuracy"], "gold_agreement": rm_run["gold_agreement"]}
-    gain = [a - b for a, b in zip(after["gold_each"], before["gold_each"])]  # paired: the same random numbers
-    gain_se = statistics.stdev(gain) / math.sqrt(len(gain)) if len(gain) > 1 else float("nan")
+    gain_mean, gain_se = paired_gain(after["gold_each"], before["gold_each"], args.eval_samples)  # the same draws
     both_fell = ((shift[:, 0] < 0) & (shift[:, 1] < 0)).float().mean().item()
     train_seconds = seconds - eval_seconds
     print(f"after {args.steps} steps ({seconds / 60:.1f} min, of which {eval_seconds / 60:.1f} evaluating)\n"
@@ -473,13 +473,13 @@ def finish(args, out, seed, init, device, policy, tok, train_pairs, val_rows, va
           f", margin {val_metrics['rewards/margins']:+.3f}, "
           f"chosen {val_metrics['rewards/chosen']:+.3f}, rejected {val_metrics['rewards/rejected']:+.3f}; both log-probs "
           f"fell in {both_fell:.0%} of the pairs\nsampled stories: gold {before['gold']:.3f} → {after['gold']:.3f} "
-          f"(paired gain {sum(gain) / len(gain):+.3f} ± {gain_se:.3f}) at a KL of {after['kl']:.2f} nats (k3 "
+          f"(paired gain {gain_mean:+.3f} ± {gain_se:.3f}) at a KL of {after['kl']:.2f} nats (k3 "
           f"{after['kl_k3']:.2f})")
     strip = lambda d: {k: v for k, v in d.items() if k not in ("samples", "gold_each", "proxy_each", "completions")}  # noqa: E731
     result = {"pairs": args.pairs, "loss_type": args.loss_type, "beta": args.beta, "label_smoothing": args.label_smoothing,
               "variant": variant(args.loss_type, args.beta, args.label_smoothing), "reference": args.reference,
               "val": val_metrics, "accuracy": val_metrics["rewards/accuracies"], "rankings": ranked, "by_part": parts,
-              "before": strip(before), "after": strip(after), "gold_gain": sum(gain) / len(gain), "gold_gain_se": gain_se,
+              "before": strip(before), "after": strip(after), "gold_gain": gain_mean, "gold_gain_se": gain_se,
               "kl": after["kl"], "kl_k3": after["kl_k3"], "both_fell": both_fell,
               "shift_mean": {"chosen": shift[:, 0].mean().item(), "rejected": shift[:, 1].mean().item()},
               "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup, "seed": seed,

@@ -14,11 +14,11 @@ The methods, each from chapter 5's SFT model:
   DPO                   chapter 9's default run (runs/dpo)
   RLOO (word problems)  chapter 7's default run, trained on the verifiable reward (runs/pg_word-problems_rloo)
 
-The evaluation, the same for every checkpoint: --eval-samples samples of each of the 132 held-out story prompts at
+The evaluation, the same for every checkpoint: --eval-samples samples of each of the 136 held-out story prompts at
 T = 1.0 (the same random numbers for every checkpoint, and the same draws chapters 8 and 9 evaluate with): the gold
 reward ± s.e., the reward model's score (the proxy), the KL to the SFT model from those samples (k1 and k3) and the mean
 length; distinct-1/2 of one sample per prompt (the same count of stories for every method); and the greedy accuracy on
-the 136 held-out word problems. Best-of-N's KL is its analytic
+the 604 held-out word problems. Best-of-N's KL is its analytic
 bound log N − (N − 1)/N. A checkpoint's evaluation is kept in runs/arena/eval/ under a hash of its weights, so a
 rerun evaluates only what changed.
 
@@ -53,6 +53,7 @@ from llm_from_scratch.arena import (RFTConfig, best_of_n_curve, best_of_n_expect
 from llm_from_scratch.checkpoint import (append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode,
                                          read_jsonl, require_real, runs_root, shown, start_run, write_summary)
 from llm_from_scratch.device import pick_device, seed_everything
+from llm_from_scratch.evaluation import eval_record, mcnemar_exact, paired_gain
 from llm_from_scratch import ppo  # chapter 8's weights_held: the bytes of weights each network holds
 from llm_from_scratch.plots import save
 from llm_from_scratch.reward_model import RewardModel, reward_fn
@@ -144,8 +145,7 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     def held_out(step: int, extra: dict) -> None:
         result = evaluate(policy, reference, tok, stories, [], rm_fn, args.eval_samples, 1.0, args.max_new_tokens,
                           args.seed)
-        append_metrics(out / "metrics.jsonl", {"step": step, **extra,
-                                               **{f"eval/{k}": result[k] for k in ("gold", "gold_se", "proxy", "kl", "kl_k3")}})
+        append_metrics(out / "metrics.jsonl", {"step": step, **extra, **eval_record(result, "eval/sampled")})
 
     t0 = time.perf_counter()
     held_out(0, {})
@@ -252,12 +252,6 @@ def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, 
     return result
 
 
-def paired_gain(gold: list[float], baseline: list[float], n: int) -> torch.Tensor:
-    """(P,): each prompt's mean gold over its n samples minus the baseline's on the same draws."""
-    diff = torch.tensor(gold, dtype=torch.float64) - torch.tensor(baseline, dtype=torch.float64)  # (P * n,)
-    return diff.view(-1, n).mean(dim=1)
-
-
 def chapter_numbers(name: str, folder: Path, arena_row: dict) -> dict | None:
     """What the chapter's own run recorded at its end, where its evaluation drew as many samples as the arena's, with
     the same seed and at T = 1.0 (the same prompts, samples per prompt and draws: then the numbers must agree)."""
@@ -280,13 +274,12 @@ def chapter_numbers(name: str, folder: Path, arena_row: dict) -> dict | None:
 
 
 def trajectory(name: str, folder: Path) -> list[tuple[float, float, float]]:
-    """(KL, gold, proxy) at each held-out evaluation of a run's metrics.jsonl (step 0: the SFT model, KL 0)."""
-    gold_key = "eval/sampled_gold" if name in RL_ALGOS else "eval/gold"
-    proxy_key = "eval/sampled_proxy" if name in RL_ALGOS else "eval/proxy"
+    """(KL, gold, proxy) at each sampled held-out evaluation of a run's metrics.jsonl (eval/sampled/*, the one schema
+    of every chapter; step 0: the SFT model, KL 0). The proxy is nan where the run had none (DPO)."""
     points = []
     for r in read_jsonl(folder / "metrics.jsonl"):
-        if gold_key in r and ("eval/kl" in r or r.get("step") == 0):
-            points.append((r.get("eval/kl", 0.0), r[gold_key], r.get(proxy_key, float("nan"))))
+        if "eval/sampled/gold" in r and ("eval/sampled/kl" in r or r.get("step") == 0):
+            points.append((r.get("eval/sampled/kl", 0.0), r["eval/sampled/gold"], r.get("eval/sampled/proxy", float("nan"))))
     return points
 
 
@@ -348,6 +341,7 @@ def table_markdown(table: dict, seconds: dict, matches: dict, held: dict) -> str
     for name, r in table.items():
         kl3 = "—" if r.get("kl_k3") is None else f"{r['kl_k3']:.2f}"
         acc = f"{r['accuracy']:.1%} ± {r['accuracy_se']:.1%}" if "accuracy" in r else "—"
+        acc += f" (p = {r['accuracy_mcnemar']['p_value']:.2g})" if "accuracy_mcnemar" in r else ""
         kl = f"{r['kl']:.2f}" + (" (bound)" if name.startswith("best-of") else "")
         t, h = seconds.get(name), held.get(name)
         h = f"{sum(h.values()) / 2 ** 20:.1f} MiB: {', '.join(h)}" if h else "—"
@@ -360,7 +354,8 @@ def table_markdown(table: dict, seconds: dict, matches: dict, held: dict) -> str
     lines.append("\n*gold gain: over the SFT model on the same draws (best-of-N: over N = 1 on its own samples), its "
                  "standard error over the prompts (paired). distinct-2: distinct word pairs over all word pairs of one "
                  "sample per prompt (best-of-N: the pick among the first N samples), the same number of stories for "
-                 "every row.")
+                 "every row. p: McNemar's exact test of the greedy word-problem answers against the SFT model's (the "
+                 "same problems; two-sided).")
     return "\n".join(lines) + ("\n\nThe chapters' own records, where their evaluation had these settings: "
                                + "; ".join(agree) + "." if agree else "")
 
@@ -428,9 +423,10 @@ def main(argv=None) -> dict:
     for name, row in table.items():  # diversity over the same number of texts for every row: one per prompt
         row["distinct_1"], row["distinct_2"] = distinct_n(texts[name], 1), distinct_n(texts[name], 2)
         if "gold_each" in row:  # the gain over the SFT model on the same draws, its s.e. over prompts (paired)
-            gain = paired_gain(row["gold_each"], table["SFT"]["gold_each"], args.eval_samples)
-            row["gain"], row["gain_se"] = gain.mean().item(), (gain.std() / math.sqrt(gain.numel())).item()
+            row["gain"], row["gain_se"] = paired_gain(row["gold_each"], table["SFT"]["gold_each"], args.eval_samples)
             row["proxy_gain"] = row["proxy"] - table["SFT"]["proxy"]
+        if name != "SFT" and "right_each" in row and "right_each" in table["SFT"]:  # the same word problems: paired
+            row["accuracy_mcnemar"] = mcnemar_exact(table["SFT"]["right_each"], row["right_each"])
 
     # the chapters' own numbers, and what each method cost
     matches = {name: chapter_numbers(name, folder, table[name]) for name, folder in {**rl_dirs, **chapter_dirs}.items()}
@@ -446,7 +442,7 @@ def main(argv=None) -> dict:
     frontier_figure(out, table, curve, trajectories)
     text = table_markdown(table, seconds, matches, held)
     print("\n" + text)
-    strip = lambda r: {k: v for k, v in r.items() if k not in ("completions", "texts", "gold_each")}  # noqa: E731
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("completions", "texts", "gold_each", "right_each")}  # noqa: E731
     result = {"table": {k: strip(v) for k, v in table.items()}, "best_of_n": curve, "chapter_numbers": matches,
               "trajectories": trajectories, "seconds": {k: v for k, v in seconds.items() if not isinstance(v, str)},
               "weights_held": held,

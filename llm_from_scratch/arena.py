@@ -21,7 +21,7 @@ its own best-of-k by the reward model, and the next round's best-of-k starts fro
 (and so does whatever the reward model gets wrong). Unlike best-of-N it pays for its samples once, while training.
 
 **One evaluation** (`evaluate`): the same held-out prompts and the same random draws for every checkpoint
-(`policy_gradient.sampled_eval`): gold reward ± s.e., proxy (reward model), the KL to the SFT model from samples
+(`evaluation.sampled_eval`): gold reward ± s.e., proxy (reward model), the KL to the SFT model from samples
 (k1 and k3), mean length, distinct-n; plus the greedy accuracy on held-out word problems (the verifiable task).
 """
 
@@ -35,10 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from llm_from_scratch import tinyworld
 from llm_from_scratch.data import sft_collate
 from llm_from_scratch.model import GPT
-from llm_from_scratch.policy_gradient import RewardFn, sampled_eval
+from llm_from_scratch.evaluation import greedy_eval, sampled_eval
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 from llm_from_scratch.train import lm_loss, optimizer_step
@@ -191,15 +190,15 @@ def distinct_n(texts: list[str], n: int) -> float:
 
 @torch.no_grad()
 def verifiable_accuracy(policy: GPT, tok: Tokenizer, problems: list[dict], max_new_tokens: int = 160) -> dict:
-    """Greedy answers to held-out verifiable problems (word problems): the share right, ± its standard error."""
-    answers = answer(policy, tok, [e["prompt"] for e in problems], max_new_tokens)
-    right = [tinyworld.gold_reward(e, text) for e, (text, _) in zip(problems, answers)]
-    acc = sum(right) / len(right)
-    return {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / len(right)), "problems": len(right)}
+    """Greedy answers to held-out verifiable problems (word problems), by evaluation.greedy_eval: the share right,
+    ± its standard error √(p (1 − p) / n), and each problem's 1/0 in order (right_each, for McNemar's test)."""
+    greedy = greedy_eval(policy, tok, problems, max_new_tokens=max_new_tokens)
+    acc, n = greedy["gold"], greedy["n"]
+    return {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "problems": n, "right_each": greedy["gold_each"]}
 
 
 def evaluate(policy: GPT, reference: GPT, tok: Tokenizer, stories: list[dict], problems: list[dict],
-             proxy_fn: RewardFn | None, n: int = 4, temperature: float = 1.0, max_new_tokens: int = 128,
+             proxy_fn: ScoreFn | None, n: int = 4, temperature: float = 1.0, max_new_tokens: int = 128,
              seed: int = 0) -> dict:
     """The arena's evaluation of one checkpoint against the reference (the SFT model): sampled_eval's gold ± s.e.,
     proxy, KL k1/k3 and length over n samples of each held-out story prompt (the draws of chapters 8 and 9's

@@ -48,7 +48,7 @@ STUB = "# YOUR CODE HERE"
 CHAPTER = {
     "device": 0, "checkpoint": 0, "plots": 0,
     "tinyworld": 1, "tokenizer": 1, "data": 1,
-    "attention": 2, "model": 3, "generation": 3, "train": 4, "sft": 5, "reward_model": 6,
+    "attention": 2, "model": 3, "generation": 3, "train": 4, "sft": 5, "evaluation": 5, "reward_model": 6,
     "policy_gradient": 7, "ppo": 8, "dpo": 9, "arena": 10,
     "lora": 11, "distributed": 12, "gpt2_weights": 13, "classroom": 14,
 }

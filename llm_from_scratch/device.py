@@ -7,11 +7,11 @@
   (Ampere and newer): half the memory traffic, tensor cores, and the same exponent range as float32
   so no loss scaling is needed. Elsewhere it is off unless asked for (`dtype=torch.bfloat16` on CPU).
 * `choose_dtype("auto", device)` is the precision a chapter trains in: bfloat16 on CUDA, float32 on
-  MPS, and on a CPU whichever of the two runs the model's own training step faster
-  (`train.fastest_dtype` times it). A CPU with bf16 units can run the tiny model's pretraining step
-  faster in bfloat16 and its SFT step slower (short rows: the conversions cost more than the matrix
-  products save), which no timing of one large matrix product can tell. `--dtype` overrides the
-  choice; every run records it.
+  MPS and on every CPU. A CPU with bf16 units can run the tiny model's pretraining step faster in
+  bfloat16 (`train.fastest_dtype` times the two), but a choice made by a timing race differs between
+  machines and even between runs on one machine, and the course's chain of runs must be the same
+  wherever it is rebuilt: so "auto" never races on a CPU. `--dtype bfloat16` asks for it; every run
+  records its precision.
 """
 
 from __future__ import annotations

@@ -18,6 +18,32 @@ mean over sequences: the REINFORCE/RLOO form), "sequence" (the mean over a seque
 sequences: GRPO, which favours short right answers and long wrong ones), "token" (every token of the batch
 weighs the same) and "constant" (Σ_t divided by one fixed length for every sequence: Dr. GRPO).
 
+Each estimator has its own default aggregation (`normalisation`); `PGConfig.loss_type` overrides it for any of them,
+with TRL's names for the three that GRPO trainers use (ℓ_it the per-token loss, L_i sequence i's length, B sequences):
+
+    "grpo"     sequence level   (1/B) Σ_i (1/L_i) Σ_t ℓ_it     how="sequence"
+    "dr_grpo"  constant level   (1/B) Σ_i (1/L_max) Σ_t ℓ_it   how="constant", L_max = max_new_tokens
+    "dapo"     token level      Σ_i Σ_t ℓ_it / Σ_i L_i         how="token"
+
+"grpo" gives each sequence the same total weight, so a token of a short completion weighs more than one of a long
+completion: a right answer (A > 0) is pushed up harder the shorter it is, a wrong one (A < 0) pushed down more
+softly the longer it is, and wrong answers drift longer (the length bias of Liu et al., "Understanding R1-Zero-Like
+Training", 2025). "dr_grpo" and "dapo" weigh every token alike within a batch, which removes it; they differ in the
+normaliser ("dr_grpo" a constant, "dapo" the batch's token count, which changes from batch to batch).
+
+DAPO's dynamic sampling (`PGConfig.filter_groups`, Yu et al., 2025): a group (a prompt's k samples) whose rewards
+are all equal has advantage 0 under RLOO and GRPO, so it adds no gradient, but it still counts in the loss's
+denominator ("dapo": its tokens; the others: its sequences) and so shrinks every other group's step. The filter
+(`informative_groups`) drops those groups' rows from the loss (and from the update's forward and backward passes).
+It looks at the raw rewards (ro.rewards: the trained reward, any missing-EOS penalty included), as DAPO looks at its
+accuracy reward, not at the score after the KL term: with kl_in="reward" each sequence's score is r − β·Σ_t k1, and
+the per-sequence KL makes a group's scores unequal almost always, so a filter on them would drop nothing; filtering
+the raw rewards also drops that group's share of the KL penalty from the step (kl_in="loss": its k3 term likewise).
+With plain REINFORCE (no baseline) an equal group does carry a signal (A = R), so there the filter changes the
+estimate. DAPO itself samples more prompts until the batch is full again; we do not refill: on a CPU the rollouts
+are the dearest part of a step, and a step on fewer samples costs less instead. When every group is filtered the
+step does no update (metrics["train/skipped_step"] = 1).
+
 Keeping the policy near the reference π_ref (the SFT model), per token, with d = log π − log π_ref:
 
     k1 = d                     unbiased for KL(π‖π_ref) on samples of π, but negative on some tokens
@@ -43,7 +69,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llm_from_scratch import tinyworld
 from llm_from_scratch.generation import generate, sequence_logprobs
 from llm_from_scratch.model import GPT, eval_mode
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
@@ -107,6 +132,16 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group"
     if scale == "group":
         adv = adv / (r.std(dim=1, keepdim=True) + eps)
     return adv.view(-1)
+
+
+def informative_groups(rewards: torch.Tensor, k: int) -> torch.Tensor:
+    """(B,) rewards, k consecutive samples per prompt -> (B,) bool: True on the rows of the groups whose rewards are
+    not all equal (DAPO's dynamic-sampling filter keeps those; an equal group has advantage 0 under RLOO and GRPO)."""
+    if k < 2 or rewards.numel() % k:
+        raise ValueError(f"informative_groups: {rewards.numel()} rewards do not split into groups of k={k} (≥ 2)")
+    r = rewards.view(-1, k)  # (prompts, k)
+    varied = r.amax(dim=1) > r.amin(dim=1)  # (prompts,) exact: no std, whose rounding could miss an equal group
+    return varied.repeat_interleave(k)  # (B,) each group's verdict on each of its k rows
 
 
 class MovingAverageBaseline:
@@ -240,41 +275,73 @@ class PGConfig:
     max_new_tokens: int = 128  # also Dr. GRPO's constant normaliser
     temperature: float = 1.0
     grad_clip: float = 1.0
+    loss_type: str | None = None  # None: the algorithm's own aggregation; else one of LOSS_TYPES (TRL's names)
+    filter_groups: bool = False  # DAPO's dynamic sampling, without refilling: drop groups whose rewards are all equal
 
 
-def normalisation(algo: str) -> str:
-    """How each estimator sums its per-token terms (see `aggregate`)."""
+LOSS_TYPES = {"grpo": "sequence", "dr_grpo": "constant", "dapo": "token"}  # TRL's loss_type -> `aggregate`'s how
+
+
+def normalisation(algo: str, loss_type: str | None = None) -> str:
+    """How the per-token terms are summed into the loss (see `aggregate`): the loss type's aggregation when one is
+    given (LOSS_TYPES), else the estimator's own (GRPO "sequence", Dr. GRPO "constant", the others "sum")."""
+    if loss_type is not None:
+        if loss_type not in LOSS_TYPES:
+            raise ValueError(f"unknown loss_type {loss_type!r}; choose from {tuple(LOSS_TYPES)} (or None)")
+        return LOSS_TYPES[loss_type]
     return {"grpo": "sequence", "dr-grpo": "constant"}.get(algo, "sum")
 
 
 def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: PGConfig,
               baseline: MovingAverageBaseline | None = None) -> dict[str, float]:
     """Advantages from the rollout's rewards, then cfg.inner_epochs optimizer steps on the same samples.
-    The policy runs with dropout off, at the sampling temperature. Returns the step's metrics."""
+    The policy runs with dropout off, at the sampling temperature. With cfg.filter_groups the loss is built from
+    the rows of the informative groups only (`informative_groups` on the raw rewards); the logged metrics still
+    describe the whole batch. Returns the step's metrics, with train/rows (the rows the loss used) and
+    train/skipped_step (1 when the filter left none, and no optimizer step was taken)."""
     if cfg.algo not in ALGOS:
         raise ValueError(f"unknown algorithm {cfg.algo!r}; choose from {ALGOS}")
     if cfg.kl_in not in ("reward", "loss"):
         raise ValueError(f"kl_in must be 'reward' or 'loss', got {cfg.kl_in!r}")
-    how, mask = normalisation(cfg.algo), ro.mask
+    how = normalisation(cfg.algo, cfg.loss_type)
     clipped = cfg.algo in ("grpo", "dr-grpo")
-    metrics: dict[str, float] = {}
+    keep = (informative_groups(ro.rewards, cfg.k) if cfg.filter_groups
+            else torch.ones_like(ro.rewards, dtype=torch.bool))  # (B,)
+    rows, dropped = keep.nonzero().squeeze(1), (~keep).nonzero().squeeze(1)  # (B',), (B − B',): whole groups
+    mask, ref_logp = ro.mask[rows], ro.ref_logp[rows]  # (B', T-1) the rows the loss is built from
+
+    def logprobs(idx: torch.Tensor) -> torch.Tensor:  # (len(idx), T-1) the policy's log-probs of those rows
+        return sequence_logprobs(policy, ro.sequences[idx], ro.attention_mask[idx], ro.temperature) * ro.mask[idx]
+
+    metrics: dict[str, float] = {"train/rows": float(rows.numel()), "train/skipped_step": float(rows.numel() == 0)}
     with eval_mode(policy):
+        # the policy that sampled: its log-probs of every row give the KL, the scores, the advantages and the metrics;
+        # the kept rows' (with gradients) are also epoch 0's loss, the dropped rows' need no graph
+        logp = logprobs(rows) if rows.numel() else None  # (B', T-1)
+        old_all = torch.zeros_like(ro.ref_logp)  # (B, T-1)
+        if logp is not None:
+            old_all[rows] = logp.detach()
+        if dropped.numel():
+            with torch.no_grad():
+                old_all[dropped] = logprobs(dropped)
+        kl1, kl3 = kl_k1(old_all, ro.ref_logp) * ro.mask, kl_k3(old_all, ro.ref_logp) * ro.mask  # (B, T-1)
+        seq_kl = masked_sum(kl1, ro.mask, dim=1)  # (B,)
+        score = ro.rewards - cfg.beta * seq_kl if cfg.kl_in == "reward" else ro.rewards  # (B,)
+        adv_all = advantages(cfg.algo, score, cfg.k, baseline)  # (B,) per group, so the kept groups' are unchanged
+        metrics.update(estimator_metrics(ro, score, seq_kl, kl3, old_all))
+        if logp is None:  # every group was filtered: nothing to learn from this batch
+            return metrics
+        adv, old_logp = adv_all[rows], old_all[rows]  # (B',), (B', T-1)
         for epoch in range(cfg.inner_epochs):
-            logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, ro.temperature) * mask  # (B, T-1)
-            if epoch == 0:  # the policy that sampled: old log-probs, the KL, and the advantages
-                old_logp = logp.detach()
-                kl1, kl3 = kl_k1(old_logp, ro.ref_logp) * mask, kl_k3(old_logp, ro.ref_logp) * mask  # (B, T-1)
-                seq_kl = masked_sum(kl1, mask, dim=1)  # (B,)
-                score = ro.rewards - cfg.beta * seq_kl if cfg.kl_in == "reward" else ro.rewards  # (B,)
-                adv = advantages(cfg.algo, score, cfg.k, baseline)
-                metrics.update(estimator_metrics(ro, score, seq_kl, kl3, old_logp))
+            if epoch:
+                logp = logprobs(rows)  # (B', T-1)
             if clipped:
                 loss, clipfrac = clipped_policy_loss(logp, old_logp, adv, mask, cfg.clip_eps, how, cfg.max_new_tokens)
                 metrics["policy/clipfrac"] = clipfrac.item()
             else:
                 loss = policy_gradient_loss(logp, adv, mask, how, cfg.max_new_tokens)
             if cfg.kl_in == "loss":
-                loss = loss + cfg.beta * aggregate(kl_k3(logp, ro.ref_logp) * mask, mask, how, cfg.max_new_tokens)
+                loss = loss + cfg.beta * aggregate(kl_k3(logp, ref_logp) * mask, mask, how, cfg.max_new_tokens)
             loss.backward()
             metrics["train/grad_norm"] = optimizer_step(policy, optimizer, cfg.grad_clip)
             metrics["loss/policy"] = loss.item()
@@ -297,7 +364,6 @@ def advantages(algo: str, score: torch.Tensor, k: int, baseline: MovingAverageBa
 def estimator_metrics(ro: Rollout, score: torch.Tensor, seq_kl: torch.Tensor, kl3: torch.Tensor,
                       logp: torch.Tensor) -> dict[str, float]:
     """The standard diagnostics of one rollout batch (names as in TRL/CleanRL)."""
-    groups = ro.rewards.view(-1, ro.k)
     lengths = ro.mask.sum(dim=1).float()  # (B,) completion tokens, EOS included
     return {
         "reward": score.mean().item(), "reward_std": score.std().item() if score.numel() > 1 else 0.0,
@@ -306,32 +372,6 @@ def estimator_metrics(ro: Rollout, score: torch.Tensor, seq_kl: torch.Tensor, kl
         "objective/entropy": masked_mean(-logp, ro.mask).item(),  # per token: E[−log π] on the policy's own samples
         "completions/mean_length": lengths.mean().item(),
         "completions/clipped_ratio": (~ro.ended).float().mean().item(),
-        "frac_reward_zero_std": (groups.std(dim=1) == 0).float().mean().item() if ro.k > 1 else 0.0,
+        # the share of groups whose rewards are all equal: what --filter-groups drops
+        "frac_reward_zero_std": 1.0 - informative_groups(ro.rewards, ro.k).float().mean().item() if ro.k > 1 else 0.0,
     }
-
-
-@torch.no_grad()
-def sampled_eval(policy: GPT, reference: GPT, tok: Tokenizer, examples: list[dict], n: int, temperature: float,
-                 max_new_tokens: int, proxy_fn: RewardFn | None, seed: int) -> dict:
-    """The held-out evaluation of chapters 7–10: n samples of every distinct held-out prompt at `temperature`, drawn
-    with the same random numbers at every call (so two checkpoints are compared on the same draws). Returns their
-    mean gold reward (tinyworld.gold_reward) with its standard error, the proxy's mean (proxy_fn; gold when None),
-    the KL to the reference per completion (k1 and k3, from these samples), the mean completion length in tokens
-    (EOS included), and every completion (sample j of prompt i at [i * n + j], as in gold_each)."""
-    by_prompt = {e["prompt"]: e for e in examples}
-
-    def gold_fn(prompts, completions):
-        return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
-
-    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(10_000 + seed)
-    ro = rollout(policy, reference, tok, list(by_prompt), n, proxy_fn or gold_fn, gold_fn, max_new_tokens,
-                 temperature, None, generator)
-    with eval_mode(policy):
-        logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, temperature) * ro.mask  # (B, T-1)
-    kl1, kl3 = masked_sum(kl_k1(logp, ro.ref_logp), ro.mask, 1), masked_sum(kl_k3(logp, ro.ref_logp), ro.mask, 1)  # (B,)
-    return {"gold": ro.gold.mean().item(), "gold_se": (ro.gold.std() / math.sqrt(ro.gold.numel())).item(),
-            "proxy": ro.rewards.mean().item(), "kl": kl1.mean().item(), "kl_k3": kl3.mean().item(), "n": ro.gold.numel(),
-            "length": ro.mask.sum(1).float().mean().item(),
-            "gold_each": ro.gold.tolist(), "proxy_each": ro.rewards.tolist(), "completions": ro.completions,
-            "samples": [{"prompt": p, "response": c, "gold": g} for p, c, g in
-                        zip(ro.prompts[::n][:6], ro.completions[::n][:6], ro.gold[::n][:6].tolist())]}

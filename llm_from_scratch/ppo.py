@@ -251,7 +251,7 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
                 vf_loss, vf_clipfrac = clipped_value_loss(values, old_values[rows], returns[rows], m, cfg.clip_value)
                 loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * masked_mean(entropy, m)
                 loss.backward()
-                for name, group in zip(("policy/grad_norm", "val/grad_norm"), optimizer.param_groups):
+                for name, group in zip(("policy/grad_norm", "value/grad_norm"), optimizer.param_groups):
                     norm = torch.nn.utils.clip_grad_norm_(group["params"], cfg.grad_clip or float("inf"))
                     stats[name].append(norm.item())
                 optimizer.step()
@@ -259,7 +259,7 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
                 stats["loss/policy"].append(pg_loss.item())
                 stats["loss/value"].append(vf_loss.item())
                 stats["policy/clipfrac"].append(pg_clipfrac.item())
-                stats["val/clipfrac"].append(vf_clipfrac.item())
+                stats["value/clipfrac"].append(vf_clipfrac.item())
                 stats["policy/approxkl"].append(0.5 * masked_mean((logp.detach() - old) ** 2, m).item())
 
     kl = masked_sum(kl_k1(old_logp, ro.ref_logp), mask, dim=1)  # (B,) per sequence, at the sampling policy
@@ -273,8 +273,8 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
         "objective/rlhf_reward": masked_sum(rewards, mask, dim=1).mean().item(),  # score − kl_coef · Σ k1, as used
         "objective/entropy": masked_mean(-old_logp, mask).item(),  # E[−log π] of the sampled tokens
         "proxy/reward": ro.rewards.mean().item(), "gold/reward": ro.gold.mean().item(),
-        "val/explained_variance": explained_variance(old_values, returns, mask),
-        "val/mean": masked_mean(old_values, mask).item(), "val/return": masked_mean(returns, mask).item(),
+        "value/explained_variance": explained_variance(old_values, returns, mask),
+        "value/mean": masked_mean(old_values, mask).item(), "value/return": masked_mean(returns, mask).item(),
         "completions/mean_length": mask.sum(dim=1).mean().item(),
         "completions/clipped_ratio": (~ro.ended).float().mean().item(),
     })

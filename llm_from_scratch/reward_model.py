@@ -151,23 +151,26 @@ def score_pairs(rm: RewardModel, encoded: list, pad_id: int, chunk_rows: int = 6
 
 
 @torch.no_grad()
+def response_row(tok: Tokenizer, prompt: str, response: str) -> list[int]:
+    """The token ids the reward model reads for (prompt, response): the chat template, the response, EOS.
+
+    The response is encoded as it stands, special-token text included: a policy's sample may have written
+    "<|assistant|>", and that sample must be scored as it was written, not refused (encode_chat refuses it)."""
+    return encode_chat(tok, prompt)[0] + tok.encode(response, allowed_special="all") + [tok.eos_id]
+
+
+@torch.no_grad()
 def score_texts(rm: RewardModel, tok: Tokenizer, prompts: list[str], responses: list[str], chunk_rows: int = 64) -> torch.Tensor:
-    """Rewards (N,) of responses to prompts (each templated and closed with EOS)."""
+    """Rewards (N,) of responses to prompts (each encoded by response_row), no gradients."""
     with eval_mode(rm):
-        return score_rows(rm, [encode_chat(tok, p, y)[0] for p, y in zip(prompts, responses)], tok.pad_id, chunk_rows).cpu()
+        return score_rows(rm, [response_row(tok, p, y) for p, y in zip(prompts, responses)], tok.pad_id, chunk_rows).cpu()
 
 
 def reward_fn(rm: RewardModel, tok: Tokenizer, chunk_rows: int = 64):
     """The reward model as an RL reward callable: (prompts, completions) -> (N,) rewards, no gradients.
-
-    Completions are a policy's own samples, special tokens and all: each is encoded back as it was sampled
-    (encode_chat would refuse a completion that wrote "<|assistant|>") and closed with EOS, as in training."""
-    @torch.no_grad()
+    The same path as score_texts: a completion is scored as it was sampled, special tokens and all."""
     def score(prompts: list[str], completions: list[str]) -> torch.Tensor:
-        rows = [encode_chat(tok, p)[0] + tok.encode(c, allowed_special="all") + [tok.eos_id]
-                for p, c in zip(prompts, completions)]
-        with eval_mode(rm):
-            return score_rows(rm, rows, tok.pad_id, chunk_rows).cpu()
+        return score_texts(rm, tok, prompts, completions, chunk_rows)
     return score
 
 

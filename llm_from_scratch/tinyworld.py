@@ -182,6 +182,9 @@ QA_QUESTIONS = {"color": "What color was the {object}?", "place": "Where did {na
 # The SFT training mix: the worked tasks (sums, word problems) take the most examples to learn. Word problems
 # weigh most: turning a story's events into sums is the one skill pretraining does not teach at all.
 SFT_WEIGHTS = {"arithmetic": 3, "word_problem": 4, "sort": 1, "reverse": 1, "count": 1, "qa": 1, "story": 1}
+# The held-out set: word problems weigh 4 (about 600 of 1,500), so that one greedy evaluation's standard error of
+# the accuracy is at most 2.1 points; 150 of each other task.
+SFT_VAL_WEIGHTS = {"arithmetic": 1, "word_problem": 4, "sort": 1, "reverse": 1, "count": 1, "qa": 1, "story": 1}
 STORY_PROMPTS = ["Write a happy story about {name} and {a_thing}.", "Write a story about {name} and {a_thing}."]
 
 # Word problems. Difficulty knobs, read at call time (so they can be tuned or monkeypatched).
@@ -474,8 +477,9 @@ def story_prompt(rng: Recorder) -> tuple[str, dict]:
 
 
 def make_story_example(rng: Recorder) -> Example:
+    """A story prompt and its demonstration by the mixed-skill writer (demonstration_story): the room above SFT."""
     prompt, spec = story_prompt(rng)
-    text, _ = make_story(rng, spec["name"], spec["color"], spec["object"], spec["mood"])
+    text, _ = demonstration_story(rng, spec)
     return Example("story", prompt, text, spec)
 
 
@@ -530,33 +534,119 @@ def words_of(text: str) -> list[str]:
 
 STORY_WEIGHTS = {"name": 0.25, "object": 0.25, "ending": 0.5}  # the additive part of story_reward
 STORY_WORDS = (20, 90)        # outside this many words the score shrinks linearly
-SENTENCE_WORDS = (2, 14)      # a well-formed sentence has this many words
 REPEAT_PENALTY = 0.5          # multiplied in once per repeated sentence
+GRAMMAR_PENALTY = 0.5         # multiplied in once per sentence the grammar cannot produce
+COHERENCE_PENALTY = 0.5       # multiplied in once per kind of inconsistency (see story_problems)
 GRAM_TOLERANCE = 0.1          # share of repeated word 4-grams a normal story may have (coreference repeats some)
-_SENTENCE_SHAPE = re.compile(r"[A-Z][A-Za-z ,]*\.")
+
+# The story grammar's sentences, by the part of the story they play, in the order a story tells them:
+# opening, [place], [pet], find, 0-2 middles, turn, ending, "The end."
+STORY_PARTS = {"opening": OPENINGS, "place": [PLACE_SENTENCE], "pet": [PET_SENTENCE], "find": [FIND_SENTENCE],
+               "middle": MIDDLES, "happy_turn": HAPPY_TURNS, "sad_turn": SAD_TURNS, "ending": ENDINGS,
+               "closing": [CLOSING]}
+STORY_ORDER = re.compile(r"opening (place )?(pet )?find (middle ){0,2}(happy|sad)_turn ending closing")
+_SLOT_VALUES = {  # what each {field} of a template may be; thing and a_thing are parsed into color + object
+    "name": NAME_LIST, "friend": NAME_LIST, "kid": ["girl", "boy"], "Pron": ["She", "He"], "poss": ["her", "his"],
+    "place": PLACES, "animal": ANIMAL_LIST, "feel": HAPPY_FEELINGS + SAD_FEELINGS, **STORY_SLOTS}
+_ALTS = {k: "|".join(sorted(map(re.escape, v), key=len, reverse=True)) for k, v in _SLOT_VALUES.items()}
+_THING = rf"(?P<color>{'|'.join(COLORS)}) (?P<object>{'|'.join(sorted(OBJECT_LIST, key=len, reverse=True))})"
+
+
+def _template_regex(template: str) -> re.Pattern:
+    """'{name} had a {size} {animal}.' -> a regex whose named groups capture each slot's value."""
+    parts = re.split(r"(\{\w+\})", template)
+    out = []
+    for p in parts:
+        field_name = p[1:-1] if p.startswith("{") else None
+        if field_name == "thing":
+            out.append(_THING)
+        elif field_name == "a_thing":
+            out.append(rf"(?P<article>an?) {_THING}")
+        elif field_name:
+            out.append(f"(?P<{field_name}>{_ALTS[field_name]})")
+        else:
+            out.append(re.escape(p))
+    return re.compile("".join(out))
+
+
+_TEMPLATES = [(part, _template_regex(t)) for part, ts in STORY_PARTS.items() for t in ts]
+
+
+def parse_sentence(sentence: str) -> tuple[str, dict] | None:
+    """(the part it plays, its slot values) for a sentence the story grammar can produce, else None.
+    'Then Mia lost the red kite.' -> ('sad_turn', {'name': 'Mia', 'color': 'red', 'object': 'kite'})"""
+    for part, regex in _TEMPLATES:
+        m = regex.fullmatch(sentence)
+        if m:
+            slots = {k: v for k, v in m.groupdict().items() if v is not None}
+            if "article" in slots and article(f"{slots['color']} {slots['object']}")[:2].strip() != slots.pop("article"):
+                return None  # "a orange kite"
+            return part, slots
+    return None
 
 
 def is_well_formed(sentence: str) -> bool:
-    """Capital first, '.' last, letters/commas/spaces only, a sensible length, every word in the world."""
-    words = words_of(sentence)
-    return (_SENTENCE_SHAPE.fullmatch(sentence) is not None and SENTENCE_WORDS[0] <= len(words) <= SENTENCE_WORDS[1]
-            and all(w.lower() in _vocab() for w in words))
+    """Is this a sentence the story grammar can produce (parsed against its templates and slot values)?"""
+    return parse_sentence(sentence) is not None
+
+
+def story_problems(parsed: list[tuple[str, dict]]) -> list[str]:
+    """What a reader finds inconsistent in a story's grammatical sentences (each kind named once):
+    "order"   the parts are not told in the grammar's order (opening, [place], [pet], find, middles, turn, ending, end)
+    "child"   another child takes the protagonist's place ({name} is not the opening's child throughout)
+    "gender"  girl/boy, she/he or her/his disagree with the protagonist
+    "thing"   the colored thing changes (every mention must be the one found)
+    "animal"  an animal is mentioned that was not introduced as the pet (or the pet changes)
+    "place"   a place is gone to that is not where the child lives (or no home was said)
+(A turn and an ending of different moods is the ending part's business: see story_reward_parts.)"""
+    if not parsed:
+        return ["order"]
+    problems = []
+    if not STORY_ORDER.fullmatch(" ".join(part for part, _ in parsed)):
+        problems.append("order")
+    child = next((s["name"] for _, s in parsed if "name" in s), None)
+    if any(s.get("name", child) != child for _, s in parsed):
+        problems.append("child")
+    pron = NAMES.get(child, "she")
+    expected = {"kid": PRONOUNS[pron][3], "Pron": PRONOUNS[pron][0].capitalize(), "poss": PRONOUNS[pron][2]}
+    if any(s[k] != v for _, s in parsed for k, v in expected.items() if k in s):
+        problems.append("gender")
+    things = {(s["color"], s["object"]) for _, s in parsed if "object" in s}
+    if len(things) > 1:
+        problems.append("thing")
+    pets = [s["animal"] for part, s in parsed if part == "pet"]
+    if any(s["animal"] not in pets[:1] for part, s in parsed if "animal" in s) or len(set(pets)) > 1:
+        problems.append("animal")
+    homes = [s["place"] for part, s in parsed if part == "place"]
+    if any(s["place"] not in homes[:1] for part, s in parsed if "place" in s) or len(set(homes)) > 1:
+        problems.append("place")
+    return problems
 
 
 def story_reward_parts(spec: dict, text: str) -> dict[str, float]:
-    """Each part in [0, 1]; see story_reward for how they combine."""
+    """Each part in [0, 1], read off the story parsed against the grammar (see story_reward for how they combine):
+    name        1 if the protagonist (the child the story opens with) is the asked child, else 0
+    object      1 if the thing found is the asked colored object, 0.5 if only the object is right, else 0
+    ending      1 if the last thing before "The end." is an ending of the asked mood after a turn of that mood,
+                0.5 if the feeling is right but the turn is not, else 0
+    well_formed 0.5 per sentence the grammar cannot produce ("Kite the red found happy.")
+    coherence   0.5 per kind of inconsistency (story_problems: a second protagonist, a changing thing, ...)
+    repetition  0.5 per repeated sentence, less for many repeated word 4-grams
+    length      1 within STORY_WORDS words, shrinking linearly outside
+    name and object need the prompt: a reward model that reads only the story cannot see them."""
     sentences, words = split_sentences(text), words_of(text)
-    lower = [w.lower() for w in words]
-    thing = [spec["color"], spec["object"]]
-    has_thing = any(lower[i:i + 2] == thing for i in range(len(lower) - 1))
-    # ending: the last of the final two sentences (before "The end.") that names a feeling decides
-    target = HAPPY_FEELINGS if spec.get("mood", "happy") == "happy" else SAD_FEELINGS
+    parsed = [p for p in map(parse_sentence, sentences) if p is not None]
+    protagonist = next((s["name"] for part, s in parsed if part == "opening"), None)
+    found = next(((s["color"], s["object"]) for part, s in parsed if part == "find"), None)
+    target = spec.get("mood", "happy")
     ending = 0.0
-    for s in reversed([s for s in sentences if s != CLOSING][-2:]):
-        feelings = {w.lower() for w in words_of(s)} & set(HAPPY_FEELINGS + SAD_FEELINGS)
-        if feelings:
-            ending = 1.0 if feelings <= set(target) else 0.0
-            break
+    tail = [p for p in parsed if p[0] != "closing"]
+    if tail and tail[-1][0] == "ending" and sentences and sentences[-1] == CLOSING:
+        feel_mood = "happy" if tail[-1][1]["feel"] in HAPPY_FEELINGS else "sad"
+        turns = [part[:-5] for part, _ in tail if part.endswith("_turn")]
+        if feel_mood == target:
+            ending = 1.0 if turns and turns[-1] == target else 0.5
+    lower = [w.lower() for w in words]
     grams = [tuple(lower[i:i + 4]) for i in range(len(lower) - 3)]
     repeated_grams = 1 - len(set(grams)) / len(grams) if grams else 0.0
     gram_penalty = max(0.0, 1.0 - 2 * max(0.0, repeated_grams - GRAM_TOLERANCE))
@@ -564,22 +654,24 @@ def story_reward_parts(spec: dict, text: str) -> dict[str, float]:
     lo, hi = STORY_WORDS
     n = len(words)
     return {
-        "name": 1.0 if spec["name"] in words else 0.0,
-        "object": 1.0 if has_thing else 0.5 if spec["object"] in lower else 0.0,
+        "name": 1.0 if protagonist == spec["name"] else 0.0,
+        "object": 1.0 if found == (spec["color"], spec["object"]) else 0.5 if found and found[1] == spec["object"] else 0.0,
         "ending": ending,
-        "well_formed": sum(map(is_well_formed, sentences)) / len(sentences) if sentences else 0.0,
+        "well_formed": GRAMMAR_PENALTY ** (len(sentences) - len(parsed)) if sentences else 0.0,
+        "coherence": COHERENCE_PENALTY ** len(story_problems(parsed)),
         "repetition": REPEAT_PENALTY ** repeated_sentences * gram_penalty,
         "length": 1.0 if lo <= n <= hi else n / lo if n < lo else max(0.0, 1.0 - (n - hi) / hi),
     }
 
 
 def story_reward(spec: dict, text: str) -> float:
-    """The hidden human preference, in [0, 1]:
-    (0.25 name + 0.25 colored object + 0.5 ending of the asked mood) x well-formed x repetition x length.
-    The multiplicative parts make "She was very happy." said five times score far below a real story."""
+    """The hidden human preference, in [0, 1]: the story is parsed against the grammar that wrote it, then
+    (0.25 name + 0.25 colored object + 0.5 ending of the asked mood) x well_formed x coherence x repetition x length.
+    The multiplicative parts make "She was very happy." said five times, or a story whose child changes name
+    halfway, score far below a real story."""
     p = story_reward_parts(spec, text)
     content = sum(w * p[k] for k, w in STORY_WEIGHTS.items())
-    return content * p["well_formed"] * p["repetition"] * p["length"]
+    return content * p["well_formed"] * p["coherence"] * p["repetition"] * p["length"]
 
 
 WORKED_TASKS = ("arithmetic", "word_problem")  # answered in worked steps: the last number is the answer
@@ -622,6 +714,24 @@ def sigmoid(x: float) -> float:
 def candidate_story(rng: Recorder, spec: dict) -> tuple[str, list[str]]:
     """A response to a story prompt: the story generator plus 0-2 corruptions. Returns (text, corruptions)."""
     kinds = pick_distinct(rng, CORRUPTIONS, rng.randint(0, 2))
+    return corrupted_story(rng, spec, kinds), kinds
+
+
+# The SFT demonstrator: a writer of mixed skill, as human demonstrators are. Half its stories are what was asked;
+# the other half have one flaw, each of the seven kinds equally often (1/14 = 7.1% of stories each).
+DEMO_FLAW_WEIGHTS = {"none": 7, **{kind: 1 for kind in CORRUPTIONS}}
+
+
+def demonstration_story(rng: Recorder, spec: dict) -> tuple[str, list[str]]:
+    """The SFT demonstration of a story prompt: clean with probability 1/2, else one corruption drawn uniformly
+    (DEMO_FLAW_WEIGHTS). Returns (text, corruptions)."""
+    flaw = rng.weighted(list(DEMO_FLAW_WEIGHTS), list(DEMO_FLAW_WEIGHTS.values()))
+    kinds = [] if flaw == "none" else [flaw]
+    return corrupted_story(rng, spec, kinds), kinds
+
+
+def corrupted_story(rng: Recorder, spec: dict, kinds: list[str]) -> str:
+    """A story for spec written by the generator, then broken in each of the given ways (CORRUPTIONS)."""
     name, color, obj = spec["name"], spec["color"], spec["object"]
     if "wrong_name" in kinds:
         name = rng.choice([n for n in NAME_LIST if n != name])
@@ -642,7 +752,7 @@ def candidate_story(rng: Recorder, spec: dict) -> tuple[str, list[str]]:
         words = [w.lower() for w in words_of(sents[i])]
         rng.rng.shuffle(words)  # no need to record probabilities here
         sents[i] = " ".join(words) + "."
-    return " ".join(sents), kinds
+    return " ".join(sents)
 
 
 def preference_pairs(n: int, seed: int | str = 0, beta: float = BT_BETA, split: str | None = None) -> list[dict]:
@@ -722,10 +832,10 @@ FILES = {"pretrain_train": "pretrain_train.txt", "pretrain_val": "pretrain_val.t
          "pretrain_meta": "pretrain_meta.json", "sft_train": "sft_train.jsonl", "sft_val": "sft_val.jsonl",
          "preferences_train": "preferences_train.jsonl", "preferences_val": "preferences_val.jsonl",
          "rl_verifiable": "rl_verifiable.jsonl", "rl_stories": "rl_stories.jsonl"}
-DEFAULT_SIZES = {"n_chars": 4_000_000, "val_fraction": 0.05, "n_sft": 20_000, "n_sft_val": 1_000,
+DEFAULT_SIZES = {"n_chars": 4_000_000, "val_fraction": 0.05, "n_sft": 20_000, "n_sft_val": 1_500,
                  "n_pref": 10_000, "n_pref_val": 1_000, "n_rl": 2_000}
 QUICK_SIZES = {"n_chars": 200_000, "n_sft": 500, "n_sft_val": 100, "n_pref": 300, "n_pref_val": 100, "n_rl": 100}  # smoke runs
-GENERATOR_VERSION = 8  # bump when the generator changes, so ensure_datasets regenerates
+GENERATOR_VERSION = 9  # bump when the generator changes, so ensure_datasets regenerates
 
 
 def _jsonl(rows: list[dict]) -> str:
@@ -751,7 +861,7 @@ def write_datasets(data_dir: str | Path, seed: int = 0, **sizes) -> dict[str, Pa
         splits[split] = {"n_docs": len(samples), "n_chars": sum(len(s.text) for s in samples), "total_nats": nats,
                          "nats_per_char": nats_per_char(samples), "seed": split_seed, "seconds": round(seconds, 3)}
     for split, n in (("train", sizes["n_sft"]), ("val", sizes["n_sft_val"])):
-        weights = [SFT_WEIGHTS[t] for t in TASKS] if split == "train" else None  # held out: every task alike
+        weights = [(SFT_WEIGHTS if split == "train" else SFT_VAL_WEIGHTS)[t] for t in TASKS]
         rows = [e.to_dict() for e in generate_instructions(n, f"{seed}/sft/{split}", weights=weights, split=split)]
         atomic_write_text(paths[f"sft_{split}"], _jsonl(rows))
     for split, n in (("train", sizes["n_pref"]), ("val", sizes["n_pref_val"])):

@@ -26,6 +26,40 @@ def test_run_all_lists_every_chapter_script():
     assert [s for s, _, _ in run_all.CHAPTERS] == [s.name for s in SCRIPTS]
 
 
+def test_ch07_loss_type_and_filter_reach_the_config_and_the_finished_run_check(tmp_path, monkeypatch):
+    """--loss-type and --filter-groups land in PGConfig (what eval.json records), in the default folder's name, and
+    in the check that keeps a finished run: a run made with other knobs is not mistaken for this one, and a run from
+    before the knobs existed (its config without them) counts as their defaults."""
+    monkeypatch.delenv("LLMFS_QUICK", raising=False)
+    sys.path.insert(0, str(ROOT / "chapters"))
+    try:
+        import ch07_policy_gradient as ch07
+    finally:
+        sys.path.pop(0)
+    default, dapo = ch07.parse_args([]), ch07.parse_args(["--loss-type", "dapo", "--filter-groups"])
+    assert (ch07.pg_config(default).loss_type, ch07.pg_config(default).filter_groups) == (None, False)
+    assert (ch07.pg_config(dapo).loss_type, ch07.pg_config(dapo).filter_groups) == ("dapo", True)
+    assert ch07.pg_config(ch07.parse_args(["--algo", "grpo", "--loss-type", "dr_grpo"])).loss_type == "dr_grpo"
+    assert (ch07.run_name(default), ch07.run_name(dapo)) == ("pg_word-problems_rloo", "pg_word-problems_rloo_dapo_filter")
+    for bad in (["--loss-type", "bnpo"], ["--algo", "reinforce", "--k", "1", "--filter-groups"]):
+        with pytest.raises(SystemExit):
+            ch07.parse_args(bad)
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"quick": False}))
+    older = {k: v for k, v in vars(ch07.pg_config(default)).items() if k not in ("loss_type", "filter_groups")}
+    result = {"steps": default.steps, "seed": 0, "lr": default.lr, "prompts": default.prompts, "algo": default.algo,
+              "eval_samples": 0, "config": older}
+    (out / "eval.json").write_text(json.dumps(result))
+    assert ch07.finished_seed(default, out, 0) is not None  # from before the knobs: their defaults
+    assert ch07.finished_seed(dapo, out, 0) is None
+    assert ch07.finished_seed(ch07.parse_args(["--loss-type", "grpo"]), out, 0) is None
+    assert ch07.finished_seed(ch07.parse_args(["--filter-groups"]), out, 0) is None
+    (out / "eval.json").write_text(json.dumps({**result, "config": vars(ch07.pg_config(dapo))}))
+    assert ch07.finished_seed(dapo, out, 0) is not None and ch07.finished_seed(default, out, 0) is None
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
 def test_chapter_help(script, quick_env):
     help_ = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, env=quick_env)
@@ -98,6 +132,9 @@ def test_policy_gradient_on_stories_and_resume(quick_env):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {"gold/reward", "proxy/reward", "objective/kl", "objective/kl_k3", "policy/clipfrac", "gold/wrong_name",
             "gold/wrong_object", "time/generate_s", "time/reference_s", "time/reward_s", "time/update_s"} <= set(records[-1])
+    # the one schema (evaluation.eval_record): greedy stories are scored by gold (not an accuracy) and the reward model
+    assert {"eval/greedy/gold", "eval/greedy/proxy", "eval/greedy/ended"} <= set(records[0]) <= set(records[-1]) | {"step"}
+    assert not any(k.startswith("eval/sampled/") or k == "eval/greedy/accuracy" for k in records[-1])  # no --eval-samples
     samples = [json.loads(line) for line in (out / "rollout_samples.jsonl").read_text().splitlines()]
     assert samples and {"proxy", "gold", "name_ok", "object_ok"} <= set(samples[0])
 
@@ -121,7 +158,7 @@ def test_ppo_with_a_shared_critic_and_no_kl_penalty_and_resume(quick_env):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "objective/kl" in r]
     assert {"objective/kl", "objective/kl_coef", "objective/entropy", "objective/scores", "gold/reward", "proxy/reward",
-            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/explained_variance", "val/clipfrac",
+            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "value/explained_variance", "value/clipfrac",
             "completions/mean_length", "gold/wrong_name", "time/update_s"} <= set(train[-1])
     assert all(r["objective/kl_coef"] == 0 and r["policy/first_ratio_error"] == 0 for r in train)
     assert (out / "policy_value" / "model.safetensors").is_file() and (out / "curves.png").is_file()
@@ -149,10 +186,12 @@ def test_dpo_cached_and_live_reference_agree_and_the_comparison_reuses_the_defau
         assert {"train/loss", "train/rewards/chosen", "train/rewards/rejected", "train/rewards/margins",
                 "train/rewards/accuracies", "train/logps/chosen", "train/logps/rejected"} <= set(records[1])
         evals = [r for r in records if "val/loss" in r]
-        assert [r["step"] for r in evals] == [0, 3, 6] and {"eval/kl", "eval/kl_k3", "eval/gold"} <= set(evals[-1])
+        assert [r["step"] for r in evals] == [0, 3, 6]
+        assert {"eval/sampled/kl", "eval/sampled/kl_k3", "eval/sampled/gold", "eval/sampled/gold_se"} <= set(evals[-1])
+        assert "eval/sampled/proxy" not in evals[-1]  # DPO has no reward model: its proxy would be gold itself
         # step 0: π = π_ref, so every pair's loss is log 2, up to float32: in cached mode the reference's sums of
         # log-probs come from other batches than the policy's (2e-4 apart once on this Intel CPU)
-        assert evals[0]["val/loss"] == pytest.approx(0.693147, abs=1e-3) and evals[0]["eval/kl"] == 0.0
+        assert evals[0]["val/loss"] == pytest.approx(0.693147, abs=1e-3) and evals[0]["eval/sampled/kl"] == 0.0
         rows = [json.loads(line) for line in (out / "side_by_side.jsonl").read_text().splitlines()]
         assert {r["step"] for r in rows} == {0, 3, 6} and {"prompt", "reference", "policy", "gold_policy"} <= set(rows[0])
         for name in ("curves.png", "kl_gold.png", "logp_shift.png", "samples.md", "model.safetensors"):

@@ -14,10 +14,12 @@ from llm_from_scratch.policy_gradient import (
     aggregate,
     clipped_policy_loss,
     grpo_advantages,
+    informative_groups,
     kl_k1,
     kl_k3,
     masked_mean,
     masked_whiten,
+    normalisation,
     pass_at_k,
     pg_update,
     policy_gradient_loss,
@@ -107,6 +109,43 @@ def test_aggregate_normalisations_by_hand():
     assert aggregate(per_token, mask, "constant", constant=8).item() == pytest.approx((6 / 8 + 10 / 8) / 2)
     with pytest.raises(ValueError):
         aggregate(per_token, mask, "constant")
+
+
+@pytest.mark.grades("policy_gradient.aggregate")
+def test_loss_types_by_hand():
+    # B = 4 completions, T = 3 columns, max_new_tokens = 4 (not T: Dr. GRPO's constant is the length limit)
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.5, -9.0], [-4.0, -9.0, -9.0], [-1.0, -1.0, -2.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]])  # lengths 3, 2, 1, 3 (9 tokens)
+    adv = torch.tensor([1.0, -2.0, 0.5, -0.5])
+    # per-token loss −A·logp on the mask: row 0 [1, 2, 3] (Σ 6, mean 2); row 1 [−1, −3] (Σ −4, mean −2);
+    # row 2 [2] (Σ 2, mean 2); row 3 [−0.5, −0.5, −1] (Σ −2, mean −2/3)
+    by_hand = {"grpo": (2 - 2 + 2 - 2 / 3) / 4,  # sequence level: the mean of the 4 per-row means = 1/3
+               "dr_grpo": (6 / 4 - 4 / 4 + 2 / 4 - 2 / 4) / 4,  # constant level: Σ_t / 4 per row, mean of rows = 1/8
+               "dapo": (6 - 4 + 2 - 2) / 9}  # token level: Σ over all 9 tokens / 9 = 2/9
+    for loss_type, expected in by_hand.items():
+        how = normalisation("rloo", loss_type)  # the loss type overrides the estimator's own aggregation
+        assert policy_gradient_loss(logp, adv, mask, how, constant=4).item() == pytest.approx(expected), loss_type
+    # without a loss type each estimator keeps its own: RLOO Σ_t then the mean over rows, (6 − 4 + 2 − 2) / 4
+    assert normalisation("rloo") == normalisation("reinforce") == "sum"
+    assert policy_gradient_loss(logp, adv, mask, normalisation("rloo"), constant=4).item() == pytest.approx(0.5)
+    assert (normalisation("grpo"), normalisation("dr-grpo")) == ("sequence", "constant")
+    assert normalisation("grpo", "dapo") == "token" and normalisation("reinforce", "dr_grpo") == "constant"
+    with pytest.raises(ValueError, match="loss_type"):
+        normalisation("grpo", "bnpo")
+
+
+@pytest.mark.grades("policy_gradient.informative_groups")
+def test_informative_groups_by_hand():
+    # k = 2: groups (1, 1) all equal, (0, 1) not, (0, 0) all equal -> only the middle group's two rows are kept
+    keep = informative_groups(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), k=2)
+    assert keep.tolist() == [False, False, True, True, False, False]
+    # k = 3: each verdict covers its own 3 consecutive rows
+    keep = informative_groups(torch.tensor([0.5, 0.5, 0.5, 1.0, 0.0, 1.0, 0.2, 0.2, 0.7]), k=3)
+    assert keep.tolist() == [False] * 3 + [True] * 6
+    with pytest.raises(ValueError, match="groups"):
+        informative_groups(torch.tensor([1.0, 0.0, 1.0]), k=2)
+    with pytest.raises(ValueError, match="groups"):
+        informative_groups(torch.tensor([1.0, 0.0]), k=1)
 
 
 def test_advantages_are_constants_of_the_surrogate():
@@ -316,3 +355,61 @@ def test_the_update_scores_the_samples_at_their_temperature(tok):
     assert ro.temperature == 0.7
     assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-5)
     assert metrics["objective/kl_k3"] == pytest.approx(0.0, abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- TRL's GRPO knobs: loss_type and DAPO's filter
+
+def two_prompts(tok, policy, reference, reward_fn):
+    """4 samples of each of two prompts (rows 0-3 and 4-7), at T = 0.7, the same draws every call."""
+    return rollout(policy, reference, tok, ["Add 2 and 3.", "Sort these words: cat, dog."], k=4, reward_fn=reward_fn,
+                   max_new_tokens=6, temperature=0.7, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_the_update_sums_by_its_loss_type_over_the_rows_the_filter_keeps(tok, loss_type):
+    """RLOO's loss on a real rollout, each loss type written out here on its own. Prompt 0's samples all get reward 1
+    (advantage 0: the filter drops them), prompt 1's get 0, 1, 0, 1. Without the filter prompt 0's rows still count in
+    the denominator (its 4 sequences, or its tokens); with it they do not."""
+    policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 1)
+    ro = two_prompts(tok, policy, reference, lambda p, c: [1.0 if i < 4 else float(i % 2) for i in range(len(c))])
+    assert ro.rewards.tolist() == [1, 1, 1, 1, 0, 1, 0, 1] and ro.mask.shape[1] != 6  # T-1 columns, not max_new_tokens
+    with torch.no_grad(), eval_mode(policy):
+        logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, 0.7) * ro.mask  # (8, T-1)
+    adv = rloo_advantages(ro.rewards, 4)  # β = 0: the rewards themselves; prompt 0's advantages are 0
+
+    def by_hand(rows):
+        per_token, m = -adv[rows, None] * logp[rows] * ro.mask[rows], ro.mask[rows].float()  # (n, T-1)
+        if loss_type == "grpo":  # each row's mean over its own tokens, then the mean over rows
+            return (per_token.sum(1) / m.sum(1)).mean()
+        if loss_type == "dr_grpo":  # each row's sum over max_new_tokens = 6, then the mean over rows
+            return (per_token.sum(1) / 6).mean()
+        return per_token.sum() / m.sum()  # dapo: the sum over every token of the rows, over their number
+
+    for filter_groups, rows in ((False, slice(0, 8)), (True, slice(4, 8))):
+        cfg = PGConfig(algo="rloo", k=4, beta=0.0, max_new_tokens=6, loss_type=loss_type, filter_groups=filter_groups)
+        metrics = pg_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), ro, cfg)
+        assert metrics["loss/policy"] == pytest.approx(by_hand(rows).item(), rel=1e-4, abs=1e-7), filter_groups
+        assert metrics["train/rows"] == (4 if filter_groups else 8) and metrics["train/skipped_step"] == 0
+        # the logged metrics describe the whole batch, filtered rows included
+        assert metrics["frac_reward_zero_std"] == 0.5 and metrics["proxy/reward"] == pytest.approx(0.75)
+
+
+def test_filter_groups_skips_the_step_when_every_group_is_equal(tok):
+    """Every reward 1: the filter leaves no row, and no optimizer step is taken (the weights and AdamW's state stay
+    as they were), though the KL term would move them: in the loss, and in the reward, where it makes the scores
+    unequal (the filter reads the raw rewards, not the scores). Without the filter the same batch moves them."""
+    policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 1)
+    ro = two_prompts(tok, policy, reference, lambda p, c: [1.0] * len(c))
+    weights = [p.clone() for p in policy.parameters()]
+    for kl_in in ("loss", "reward"):
+        opt = torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.0)
+        cfg = PGConfig(algo="grpo", k=4, beta=0.5, kl_in=kl_in, inner_epochs=2, max_new_tokens=6, filter_groups=True)
+        metrics = pg_update(policy, opt, ro, cfg)
+        assert all(torch.equal(a, b) for a, b in zip(weights, policy.parameters())), kl_in
+        assert not opt.state and all(p.grad is None for p in policy.parameters())
+        assert metrics["train/skipped_step"] == 1 and metrics["train/rows"] == 0 and "loss/policy" not in metrics
+        assert metrics["frac_reward_zero_std"] == 1.0 and metrics["objective/kl"] > 0.05  # still logged
+    cfg = PGConfig(algo="grpo", k=4, beta=0.5, kl_in="reward", inner_epochs=2, max_new_tokens=6)
+    metrics = pg_update(policy, opt, ro, cfg)
+    assert metrics["train/skipped_step"] == 0 and metrics["train/rows"] == 8
+    assert any(not torch.equal(a, b) for a, b in zip(weights, policy.parameters()))

@@ -200,7 +200,7 @@ def test_ppo_step_trains_policy_and_critic_never_the_reference_and_starts_at_rat
     assert any(not torch.equal(a, b) for a, b in zip(pol_before, gpt.parameters()))
     assert not torch.equal(head_before, head.weight) and policy.training  # the mode is given back
     assert {"objective/kl_coef", "objective/entropy", "objective/scores", "gold/reward", "proxy/reward",
-            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/explained_variance", "val/clipfrac",
+            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "value/explained_variance", "value/clipfrac",
             "completions/mean_length"} <= set(metrics)
 
 

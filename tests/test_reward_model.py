@@ -134,6 +134,11 @@ def test_reward_fn_scores_sampled_completions_as_sampled():
     # a sample may write a special token's text; it is scored, not refused, and never gets gradients
     odd = score(["Write a story."], ["Mia <|assistant|> kite"])
     assert odd.shape == (1,) and not odd.requires_grad
+    # chapter 6 scores the SFT model's samples with score_texts: one path, the same number, no tiktoken refusal
+    assert score_texts(model, tok, ["Write a story."], ["Mia <|assistant|> kite"]).item() == pytest.approx(odd.item(), abs=1e-6)
+    from llm_from_scratch.reward_model import response_row
+    row = response_row(tok, "Write a story.", "Mia <|assistant|> kite")
+    assert tok.special_tokens["<|assistant|>"] in row[row.index(tok.special_tokens["<|assistant|>"]) + 1:]  # as sampled
 
 
 def test_length_sorted_chunks_give_the_rewards_and_gradients_of_one_padded_batch():

@@ -257,7 +257,6 @@ def test_qa_and_story_examples():
                 assert f"{ex.response} {m.group(1)}" in story
         else:
             assert f"{ex.meta['color']} {ex.meta['object']}" in ex.prompt and ex.meta["name"] in ex.prompt
-            assert tw.story_reward(ex.meta, ex.response) == 1.0
         assert tw.Example.from_dict(json.loads(json.dumps(ex.to_dict()))) == ex
 
 
@@ -310,6 +309,88 @@ def test_story_reward_cases():
     assert tw.story_reward(SPEC, salad) < 0.05
     assert tw.story_reward(SPEC, salad.capitalize() + ".") < 0.05
     assert tw.story_reward(SPEC, "") == 0.0
+
+
+def test_story_demonstrations_come_from_a_writer_of_mixed_skill():
+    """Chapter 5's story demonstrations: half clean (gold 1), half with one flaw of the seven, each about 1/14."""
+    stories = [ex for ex in tw.generate_instructions(2800, seed=4, tasks=("story",))]
+    clean = sum(tw.story_reward(ex.meta, ex.response) == 1.0 for ex in stories) / len(stories)
+    assert clean == pytest.approx(0.5, abs=0.04)  # binomial s.e. 0.0095: 4 s.e.
+    rng, flaws = tw.Recorder(2), Counter()
+    for _ in range(2800):
+        flaws.update(tw.demonstration_story(rng, tw.story_prompt(rng)[1])[1] or ["none"])
+    assert flaws["none"] / 2800 == pytest.approx(0.5, abs=0.04)
+    assert all(flaws[k] / 2800 == pytest.approx(1 / 14, abs=0.025) for k in tw.CORRUPTIONS)
+    # the verifiable demonstrations stay correct
+    for ex in tw.generate_instructions(300, seed=4, tasks=("arithmetic", "word_problem", "sort", "count")):
+        assert tw.gold_reward(ex, ex.response) == 1.0
+
+
+def test_clean_generator_stories_score_full_gold():
+    rng = tw.Recorder(11)
+    for _ in range(1000):
+        mood = "happy" if rng.coin(0.5) else "sad"
+        text, known = tw.make_story(rng, mood=mood)
+        spec = {k: known[k] for k in ("name", "color", "object", "mood")}
+        assert tw.story_reward(spec, text) >= 0.95, text
+        assert all(tw.is_well_formed(s) for s in tw.split_sentences(text))
+
+
+# Stories a reader would fault, each breaking one thing (SPEC asks for a happy story about Mia and a red kite).
+# Every one must score at least 0.25 below the clean GOOD (gold 1.0).
+FLAWED = {
+    "another child throughout": GOOD.replace("Mia", "Ava"),
+    "the child changes name halfway": GOOD.replace("Then Mia shared", "Then Tom shared").replace(
+        "Mia was very happy.", "Tom was very happy."),
+    "a boy named Mia": GOOD.replace("a girl named Mia", "a boy named Mia"),
+    "his kite, for a girl": GOOD.replace("Then Mia shared the red kite with a friend.",
+                                         "Then Mia gave the red kite to his mom."),
+    "another thing found": GOOD.replace("red kite", "blue ball"),
+    "the kite changes colour": GOOD.replace("She played with the red kite", "She played with the green kite"),
+    "a sad ending": SAD,
+    "happy words, then a sad last event": GOOD.replace("Then Mia shared the red kite with a friend. Mia was very happy.",
+                                                        "Mia was very happy. Then Mia lost the red kite. Mia felt sad."),
+    "the feeling is not what happens last": GOOD.replace("Then Mia shared the red kite with a friend. Mia was very happy.",
+                                                         "Mia was very happy. Then Mia shared the red kite with a friend."),
+    "a sad turn, then happy anyway": GOOD.replace("Then Mia shared the red kite with a friend.",
+                                                  "Then the red kite broke."),
+    "a garbled sentence": GOOD.replace("One day, Mia found a red kite.", "Kite the red found happy."),
+    "a wrong article": GOOD.replace("a red kite", "an red kite"),
+    "words out of the world": GOOD.replace("She played with the red kite all day.", "She played chess all day."),
+    "a repeated sentence": GOOD.replace("She played with the red kite all day.",
+                                        "She played with the red kite all day. She played with the red kite all day."),
+    "a pet that was never introduced": GOOD.replace("She played with the red kite all day.",
+                                                    "The dog liked the red kite too."),
+    "a place she does not live near": GOOD.replace("She played with the red kite all day.",
+                                                   "She took the red kite to the beach."),
+    "cut off before the end": " ".join(tw.split_sentences(GOOD)[:4]),
+    "no ending at all": GOOD.replace(" Mia was very happy.", ""),
+    "two stories pasted together": GOOD.replace(" The end.", " " + SAD.replace("Mia", "Leo").replace("girl", "boy")),
+    "the end in the middle": GOOD.replace("One day, Mia found a red kite.", "The end. One day, Mia found a red kite."),
+    "told out of order": GOOD.replace("Mia lived near the forest. One day, Mia found a red kite.",
+                                      "One day, Mia found a red kite. Mia lived near the forest."),
+}
+
+
+@pytest.mark.parametrize("flaw", sorted(FLAWED))
+def test_gold_reads_the_story(flaw):
+    assert tw.story_reward(SPEC, GOOD) == 1.0
+    assert tw.story_reward(SPEC, FLAWED[flaw]) <= 0.75 + 1e-9, tw.story_reward_parts(SPEC, FLAWED[flaw])
+
+
+def test_story_parts_name_what_broke():
+    parts = lambda text: tw.story_reward_parts(SPEC, text)  # noqa: E731
+    assert parts(FLAWED["another child throughout"])["name"] == 0.0  # needs the prompt: the reward model's blind spot
+    assert parts(FLAWED["another thing found"])["object"] == 0.0
+    assert parts(GOOD.replace("red kite", "blue kite"))["object"] == 0.5
+    assert parts(FLAWED["the child changes name halfway"])["coherence"] == 0.5
+    assert parts(FLAWED["a garbled sentence"])["well_formed"] == 0.5
+    assert parts(FLAWED["a sad turn, then happy anyway"])["ending"] == 0.5
+    assert tw.parse_sentence("Then Mia lost the red kite.") == ("sad_turn", {"name": "Mia", "color": "red", "object": "kite"})
+    assert tw.parse_sentence("One day, Mia found an orange kite.") == (
+        "find", {"when": "One day", "name": "Mia", "verb": "found", "color": "orange", "object": "kite"})
+    assert tw.parse_sentence("Kite the red found happy.") is None and tw.parse_sentence("One day, Mia found an red kite.") is None
+    assert tw.story_problems([p for p in map(tw.parse_sentence, tw.split_sentences(GOOD))]) == []
 
 
 def test_story_reward_length_penalty():

@@ -180,6 +180,15 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
         ("the batch's mean instead of the group's", "adv = r - r.mean(dim=1, keepdim=True)", "adv = r - r.mean()"),
         ("scale='none' still divides", 'if scale == "group":', "if True:"),
     ],
+    "policy_gradient.informative_groups": [
+        ("keeps the equal groups instead of dropping them", "varied = r.amax(dim=1) > r.amin(dim=1)",
+         "varied = r.amax(dim=1) == r.amin(dim=1)"),
+        ("groups of k + 1 (off by one in the group view)", "r = rewards.view(-1, k)", "r = rewards.view(-1, k + 1)"),
+        ("groups strided instead of consecutive", "r = rewards.view(-1, k)", "r = rewards.view(k, -1).t()"),
+        ("verdicts tiled over the batch, not repeated for each group's rows", ".repeat_interleave(k)", ".repeat(k)"),
+        ("compares only a group's first two samples", "varied = r.amax(dim=1) > r.amin(dim=1)",
+         "varied = r[:, 0] != r[:, 1]"),
+    ],
     "policy_gradient.clipped_policy_loss": [
         ("max instead of min (pessimism turned to optimism)", "-torch.minimum(unclipped, clipped)",
          "-torch.maximum(unclipped, clipped)"),
