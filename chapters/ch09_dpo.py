@@ -343,6 +343,9 @@ def dpo_run(args, out: Path, seed: int, init: Path, device) -> dict:
         atomic_write_text(pairs_file, "".join(json.dumps(r) + "\n" for r in train_rows))
         print(f"{len(train_rows):,} pairs from {args.samples_per_prompt} SFT stories of each of {len(story_prompts):,} "
               f"story prompts (the others tied on gold) in {time.perf_counter() - t0:.0f} s, saved to {shown(pairs_file)}")
+        if not train_rows:
+            raise ValueError(f"--pairs sampled: the {args.samples_per_prompt} stories of every prompt tied on gold, so the "
+                             "model's own stories give no pair; raise --samples-per-prompt or start from a better SFT model")
     train_pairs, val_pairs = usable_pairs(tok, train_rows, ctx), usable_pairs(tok, val_rows, ctx)
     if not train_pairs:
         raise ValueError(f"{args.train_pairs or paths['preferences_train']}: no pair fits the model's context of {ctx} tokens")

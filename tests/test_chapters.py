@@ -227,10 +227,13 @@ def test_dpo_cached_and_live_reference_agree_and_the_comparison_reuses_the_defau
     # on-policy pairs: the SFT model's own stories, best against worst by gold, labelled with Bradley–Terry noise
     sampled = subprocess.run([sys.executable, script, "--quick", "--quiet", "--pairs", "sampled"], capture_output=True,
                              text=True, env=quick_env, timeout=1200)
-    assert sampled.returncode == 0, sampled.stdout[-3000:] + sampled.stderr[-3000:]
     out = runs / "dpo_sampled"
     rows = [json.loads(line) for line in (out / "sampled_pairs.jsonl").read_text().splitlines()]
-    assert json.loads((out / "eval.json").read_text())["train_pairs"] == len(rows) >= 1
+    if not rows:  # the 20-step quick SFT model can write stories that all score 0 under the parsing gold: a clear stop
+        assert sampled.returncode != 0 and "tied on gold, so the model's own stories give no pair" in sampled.stderr
+    else:
+        assert sampled.returncode == 0, sampled.stdout[-3000:] + sampled.stderr[-3000:]
+        assert json.loads((out / "eval.json").read_text())["train_pairs"] == len(rows) >= 1
     for r in rows:
         assert r["gold_chosen"] != r["gold_rejected"] and "<|" not in r["chosen"] + r["rejected"]
         assert r["p_chosen"] == pytest.approx(1 / (1 + math.exp(-8 * (r["gold_chosen"] - r["gold_rejected"]))))
