@@ -197,7 +197,7 @@ def main(argv=None) -> dict:
               "sft_loglik_baseline": sft_baseline, "best": best,
               "bias_shift": -removed, "sft_reward_std": spread, "rm_gold_correlation": corr, "rm_gold_spearman": rank_corr,
               "disagreements": disagreements, "steps": args.steps, "batch_size": args.batch_size,
-              "train_pairs": len(train_pairs), "seconds": best["seconds"], "device": str(device),
+              "train_pairs": len(train_pairs), "seconds": best["seconds"], "seed": args.seed, "device": str(device),
               "precision": "float32"}
     lines = ["## Chapter 6: the reward model", "",
              f"- held-out pairwise accuracy **{accuracy:.3f}**; Bayes ceiling of the noisy labels {ceiling:.3f}",

@@ -10,6 +10,8 @@ The methods, each from chapter 5's SFT model:
                         each prompt's best by the reward model, and fine-tuning on those with the SFT loss
   REINFORCE, RLOO, GRPO chapter 7's estimators against the reward model on stories, --rl-steps steps at T = 1.0
                         (chapter 7's script, run by this one into runs/arena/<algo>/)
+  RLOO, β = 0           the same RLOO with no KL penalty, for twice as many steps (runs/arena/rloo_beta0/): nothing
+                        holds it near the SFT model, so it shows over-optimisation: the proxy it climbs against gold
   PPO                   chapter 8's default run (runs/ppo_stories)
   DPO                   chapter 9's default run (runs/dpo)
   RLOO (word problems)  chapter 7's default run, trained on the verifiable reward (runs/pg_word-problems_rloo)
@@ -28,7 +30,14 @@ over training), best_of_n.json, samples.md (every method's answer to the same pr
 runs/arena/rft/ (the RFT policy and its metrics) and runs/arena/<algo>/ (chapter 7's runs). Finished pieces are kept;
 --no-resume redoes them.
 
+--seeds N runs the whole chain again for seeds 1..N-1 (chapters 5-9 with --seed k, from the same pretrained model, in
+runs/arena_seeds/seed<k>/; seed 0 is the course's own chain in runs/), then this arena for each, and writes
+runs/arena_seeds/: table.md (every method's gain as median and [min, max] over the seeds, each seed's gain ± s.e., and
+the differences between two methods that hold in every seed: the only ones to call), frontier.png (median and range),
+seeds.json. Each seed's chain takes about as long as the course from chapter 5 on.
+
     python chapters/ch10_arena.py            # runs (or reuses) every method, then the evaluation
+    python chapters/ch10_arena.py --seeds 3  # the same for three chains, and the spread over them
     python chapters/ch10_arena.py --quick    # a smoke run (also LLMFS_QUICK=1)
 """
 
@@ -37,7 +46,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -61,7 +74,10 @@ from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer
 from llm_from_scratch.train import load_gpt, save_gpt
 
-RL_ALGOS = {"REINFORCE": "reinforce-baseline", "RLOO": "rloo", "GRPO": "grpo"}  # label -> chapter 7's --algo
+# label -> (its folder under runs/arena/, chapter 7's --algo, its other flags): the three estimators at chapter 7's
+# KL penalty, then RLOO with none at all (β = 0) for twice as long, to show what over-optimising the proxy does to gold
+RL_RUNS = {"REINFORCE": ("reinforce-baseline", "reinforce-baseline", []), "RLOO": ("rloo", "rloo", []),
+           "GRPO": ("grpo", "grpo", []), "RLOO, β = 0": ("rloo_beta0", "rloo", ["--beta", "0"])}
 CHAPTER_RUNS = {"PPO": "ppo_stories", "DPO": "dpo", "RLOO (word problems)": "pg_word-problems_rloo"}
 BON_SHOWN = (4, 16, 64)  # the best-of-N rows of the table (the frontier draws every power of 2)
 
@@ -83,6 +99,10 @@ def parse_args(argv=None):
     ap.add_argument("--rft-lr", type=float, default=3e-5, help="RFT: AdamW learning rate (default 3e-5)")
     ap.add_argument("--no-resume", action="store_true",
                     help="redo every piece (RL runs, RFT, best-of-N samples, evaluations) even if runs/arena holds it")
+    ap.add_argument("--seeds", type=int, default=0, metavar="N",
+                    help="the whole chain from chapter 5 on for seeds 0..N-1 (seed 0: runs/; seed k: runs/arena_seeds/"
+                         "seed<k>/, sharing chapters 1-4), then every method's gain as median and range over the seeds "
+                         "in runs/arena_seeds/")
     cli.add_common_args(ap, "arena")
     cli.add_prerequisite_arg(ap)
     args = ap.parse_args(argv)
@@ -90,6 +110,8 @@ def parse_args(argv=None):
     for flag in ("eval_samples", "bon_samples", "rl_steps", "rl_eval_interval", "rft_rounds", "rft_prompts", "rft_k"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be ≥ 1")
+    if args.seeds < 0 or args.seeds == 1:
+        ap.error("--seeds must be ≥ 2 (or 0: one chain, seed --seed)")
     if not 0 < args.rft_keep <= 1:
         ap.error("--rft-keep must be in (0, 1]")
     if args.quick:
@@ -104,13 +126,15 @@ def parse_args(argv=None):
 
 
 def rl_runs(args, out: Path) -> dict[str, Path]:
-    """REINFORCE, RLOO and GRPO on stories against the reward model, by chapter 7's script (kept when finished)."""
+    """REINFORCE, RLOO and GRPO on stories against the reward model, and RLOO at β = 0 for 2 x --rl-steps, by chapter
+    7's script (kept when finished)."""
     folders = {}
-    for label, algo in RL_ALGOS.items():
-        folder = out / algo
-        argv = ["--task", "stories", "--algo", algo, "--temperature", "1.0", "--steps", str(args.rl_steps),
+    for label, (name, algo, flags) in RL_RUNS.items():
+        folder = out / name
+        steps = args.rl_steps * (2 if "--beta" in flags else 1)
+        argv = ["--task", "stories", "--algo", algo, "--temperature", "1.0", "--steps", str(steps),
                 "--eval-interval", str(args.rl_eval_interval), "--eval-samples", str(args.eval_samples),
-                "--seed", str(args.seed), "--out", str(folder), "--device", args.device]
+                "--seed", str(args.seed), "--out", str(folder), "--device", args.device, *flags]
         argv += (["--quick"] if args.quick else []) + (["--quiet"] if args.quiet else []) + (
             ["--no-build"] if args.no_build else []) + (["--no-resume"] if args.no_resume else [])
         ch07_args = ch07.parse_args(argv)
@@ -237,7 +261,7 @@ def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, 
     key = {"weights": weights_digest(policy), "eval_samples": args.eval_samples, "temperature": 1.0,
            "max_new_tokens": args.max_new_tokens, "seed": args.seed, **inputs,
            "prompts": prompts_digest(stories + problems)}
-    file = out / "eval" / f"{name.replace(' ', '_').replace('(', '').replace(')', '')}.json"
+    file = out / "eval" / f"{re.sub(r'[^A-Za-z0-9]+', '_', name.replace('β', 'beta')).strip('_')}.json"  # RLOO_beta_0.json
     if file.is_file() and not args.no_resume:
         kept = json.loads(file.read_text(encoding="utf-8"))
         if kept["key"] == key:
@@ -264,7 +288,7 @@ def chapter_numbers(name: str, folder: Path, arena_row: dict) -> dict | None:
         return None  # other draws: nothing to compare
     if name == "RLOO (word problems)":  # chapter 7's greedy accuracy on the same held-out problems
         return {"accuracy": e["after"]["gold"]} if e["after"]["n"] == arena_row.get("problems") else None
-    after = e["after"].get("sampled", {}) if name in RL_ALGOS else e["after"]
+    after = e["after"].get("sampled", {}) if name in RL_RUNS else e["after"]
     if after.get("n") != arena_row["n"]:
         return None
     return {k: after[k] for k in ("gold", "kl") if k in after}
@@ -283,8 +307,8 @@ def trajectory(name: str, folder: Path) -> list[tuple[float, float, float]]:
     return points
 
 
-COLORS = {"SFT": "black", "RFT": "C1", "REINFORCE": "C2", "RLOO": "C0", "GRPO": "C4", "PPO": "C3", "DPO": "C5",
-          "RLOO (word problems)": "C7"}
+COLORS = {"SFT": "black", "RFT": "C1", "REINFORCE": "C2", "RLOO": "C0", "GRPO": "C4", "RLOO, β = 0": "C8", "PPO": "C3",
+          "DPO": "C5", "RLOO (word problems)": "C7"}
 
 
 def frontier_figure(out: Path, table: dict, curve: list[dict], trajectories: dict) -> None:
@@ -322,6 +346,7 @@ def frontier_figure(out: Path, table: dict, curve: list[dict], trajectories: dic
 
 HELD = {"RFT": ("policy", "reward model"), "REINFORCE": ("policy", "reference", "reward model"),
         "RLOO": ("policy", "reference", "reward model"), "GRPO": ("policy", "reference", "reward model"),
+        "RLOO, β = 0": ("policy", "reference", "reward model"),
         "RLOO (word problems)": ("policy", "reference")}  # the networks each method holds while it trains
 
 
@@ -370,8 +395,152 @@ def samples_markdown(table: dict, texts: dict, prompts: list[str], n: int = 3) -
     return "\n".join(rows) + "\n"
 
 
+# ----------------------------------------------------------------------------- seeds: the chain again, and the spread
+
+SHARED_STAGES = ("tokenizer", "pretrain")  # chapters 1-4: every seed's chain starts from the same pretrained model
+SEED_STAGES = [("ch05_sft.py", "sft"), ("ch06_reward_model.py", "reward_model"),
+               ("ch07_policy_gradient.py", "pg_word-problems_rloo"), ("ch08_ppo.py", "ppo_stories"), ("ch09_dpo.py", "dpo")]
+
+
+def arena_argv(args, seed: int) -> list[str]:
+    """This arena's flags for one seed's run (every setting as given, the seed replaced, no --seeds)."""
+    argv = ["--seed", str(seed), "--device", args.device]
+    for flag in ("eval_samples", "bon_samples", "rl_steps", "rl_eval_interval", "rft_rounds", "rft_prompts", "rft_k",
+                 "rft_keep", "rft_lr"):
+        argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    return argv + [f"--{f.replace('_', '-')}" for f in ("quick", "quiet", "no_build", "no_resume") if getattr(args, f)]
+
+
+def seed_chain(args, seed: int, root: Path) -> Path:
+    """Seed `seed`'s chain in root/arena_seeds/seed<seed>/: chapters 1-4's runs copied from root, then chapters 5-9
+    with --seed (a finished stage of this seed is kept, until one runs: every later stage runs again), then this arena.
+    Each stage is its own process, as in run_all.py. Returns the seed's arena folder."""
+    import run_all  # chapters/run_all.py: one chapter script in its own process
+
+    base = root / "arena_seeds" / f"seed{seed}"
+    env = dict(os.environ, LLMFS_RUNS_DIR=str(base), LLMFS_QUICK="1" if args.quick else "0")
+    stage_root = base / "quick" if args.quick else base  # what runs_root() is inside the seed's processes
+    for stage in SHARED_STAGES:
+        if finished_run(stage_root / stage) is None:
+            shutil.rmtree(stage_root / stage, ignore_errors=True)
+            shutil.copytree(prerequisite(stage, args.quick, build=not args.no_build), stage_root / stage,
+                            ignore=shutil.ignore_patterns("last"))
+    ran = args.no_resume
+    for script, folder in SEED_STAGES:
+        done = finished_run(stage_root / folder)
+        if done and done.get("seed") == seed and bool(done.get("quick")) == args.quick and not ran:
+            print(f"seed {seed}: keeping {shown(stage_root / folder)}", flush=True)
+            continue
+        print(f"\n=== seed {seed}: {script} --seed {seed} (into {shown(stage_root / folder)})", flush=True)
+        run_all.run_chapter(script, args.quick, args.quiet, env, fresh=ran, extra=["--seed", str(seed)])
+        ran = True
+    print(f"\n=== seed {seed}: the arena", flush=True)
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve())] + arena_argv(args, seed), env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"the arena of seed {seed} failed (exit code {done.returncode}); what it finished is kept in "
+                         f"{shown(base)}, and the same command picks up from there")
+    return stage_root / "arena"
+
+
+def median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    return (ys[(len(ys) - 1) // 2] + ys[len(ys) // 2]) / 2
+
+
+def seed_spread(tables: list[dict]) -> dict[str, dict]:
+    """For every method in every seed's table: its gold gain (and KL, and word-problem accuracy) in each seed, their
+    median and range."""
+    spread = {}
+    for name in tables[0]["table"]:
+        rows = [t["table"][name] for t in tables if name in t["table"]]
+        if len(rows) < len(tables) or name == "SFT":
+            continue
+        each = {k: [r[k] for r in rows] for k in ("gain", "gain_se", "kl", "gold", "accuracy") if all(k in r for r in rows)}
+        sft_acc = [t["table"]["SFT"].get("accuracy") for t in tables]
+        if "accuracy" in each and None not in sft_acc:
+            each["accuracy_gain"] = [a - b for a, b in zip(each["accuracy"], sft_acc)]
+        spread[name] = {k: {"each": v, "median": median(v), "min": min(v), "max": max(v)} for k, v in each.items()}
+    return spread
+
+
+def every_seed_wins(spread: dict) -> list[tuple[str, str]]:
+    """(A, B) for every two methods where A's gold gain is above B's in every seed: the only differences to call."""
+    return [(a, b) for a in spread for b in spread if a != b and all(
+        x > y for x, y in zip(spread[a]["gain"]["each"], spread[b]["gain"]["each"]))]
+
+
+def seeds_markdown(spread: dict, seeds: list[int], wins: list[tuple[str, str]]) -> str:
+    lines = [f"| method | gold gain: median [min, max] over {len(seeds)} seeds | each seed (gain ± s.e.) | KL: median "
+             "[min, max] | word problems (greedy): gain in points, median [min, max] |", "|---|---:|---|---:|---:|"]
+    for name, r in spread.items():
+        g, kl = r["gain"], r["kl"]
+        each = ", ".join(f"{x:+.3f} ± {e:.3f}" for x, e in zip(g["each"], r["gain_se"]["each"]))
+        acc = r.get("accuracy_gain")
+        acc = f"{100 * acc['median']:+.1f} [{100 * acc['min']:+.1f}, {100 * acc['max']:+.1f}]" if acc else "—"
+        lines.append(f"| {name} | {g['median']:+.3f} [{g['min']:+.3f}, {g['max']:+.3f}] | {each} | "
+                     f"{kl['median']:.2f} [{kl['min']:.2f}, {kl['max']:.2f}] | {acc} |")
+    beats = {a: [b for x, b in wins if x == a] for a in spread}
+    lines += ["", f"Above in every seed (seeds {', '.join(map(str, seeds))}): a difference between two methods is called "
+              "only where it holds in each seed's chain."]
+    lines += [f"- {a} > {', '.join(bs)}" for a, bs in beats.items() if bs] or ["- none"]
+    return "\n".join(lines)
+
+
+def seeds_figure(out: Path, spread: dict, curves: list[list[dict]]) -> None:
+    """Gold gain against √KL over seeds: each method at its median, bars from its smallest to its largest gain (and
+    KL) over the seeds; best-of-N as the median curve."""
+    fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
+    ns = [c["n"] for c in curves[0]]
+    x = [math.sqrt(median([c[i]["kl"] for c in curves])) for i in range(len(ns))]
+    ax.plot(x, [median([c[i]["gain"] for c in curves]) for i in range(len(ns))], "k--", marker=".",
+            label="best-of-N, median over seeds (N = 1, 2, 4 ..; KL bound)")
+    for name, r in spread.items():
+        if name.startswith("best-of"):
+            continue
+        g, kl = r["gain"], r["kl"]
+        xm = math.sqrt(max(kl["median"], 0.0))
+        ax.errorbar([xm], [g["median"]], yerr=[[g["median"] - g["min"]], [g["max"] - g["median"]]],
+                    xerr=[[xm - math.sqrt(max(kl["min"], 0.0))], [math.sqrt(max(kl["max"], 0.0)) - xm]],
+                    marker="s", ms=7, capsize=3, ls="none", color=COLORS.get(name), label=name)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set(xlabel="√KL to the SFT model (√nats per story)", ylabel="gold gain over the SFT model (paired, sampled)",
+           title=f"Gold gained against √KL over {len(curves)} seeds: median, bars from min to max")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    save(fig, out / "frontier.png")
+
+
+def seed_sweep(args) -> dict:
+    """--seeds N: seed 0's chain is the course's own (runs/), seeds 1..N-1 each their own chain; then the spread."""
+    root = runs_root(args.quick)
+    folders = [None] * args.seeds
+    main(arena_argv(args, 0))  # seed 0: the default chain, its prerequisites built as usual
+    folders[0] = root / "arena"
+    for k in range(1, args.seeds):
+        folders[k] = seed_chain(args, k, root)
+    tables = [json.loads((f / "table.json").read_text(encoding="utf-8")) for f in folders]
+    spread, seeds = seed_spread(tables), list(range(args.seeds))
+    wins = every_seed_wins(spread)
+    out = args.out or root / "arena_seeds"
+    out.mkdir(parents=True, exist_ok=True)
+    seeds_figure(out, spread, [t["best_of_n"] for t in tables])
+    text = seeds_markdown(spread, seeds, wins)
+    print(f"\n{args.seeds} seeds, each its own chain from chapter 5 on:\n\n{text}")
+    atomic_write_text(out / "table.md", text + "\n")
+    result = {"seeds": seeds, "spread": spread, "every_seed": wins, "arenas": [shown(f) for f in folders]}
+    atomic_write_text(out / "seeds.json", json.dumps(result, indent=2))
+    atomic_write_text(out / "report.md", "\n".join([
+        f"## Chapter 10 over {args.seeds} seeds", "", f"`python chapters/ch10_arena.py --seeds {args.seeds}`: seed 0 is the "
+        "course's chain; seed k ran chapters 5-10 again with --seed k from the same pretrained model.", "", text, "",
+        f"![frontier over seeds]({out.name}/frontier.png)", ""]))
+    write_summary(out, {"seeds": seeds, "every_seed": wins}, args.quick)
+    return result
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.seeds:
+        return seed_sweep(args)
     root = runs_root(args.quick)
     out = args.out or root / "arena"
     device = pick_device(args.device)
@@ -392,7 +561,7 @@ def main(argv=None) -> dict:
     inputs = {"sft": weights_digest(sft), "reward_model": weights_digest(rm)}
     if (out / "inputs.json").is_file() and json.loads((out / "inputs.json").read_text(encoding="utf-8")) != inputs:
         print("the SFT model or the reward model changed since the arena last ran: its RL and RFT runs start over")
-        for stale in ("rft", *RL_ALGOS.values()):
+        for stale in ("rft", *(folder for folder, _, _ in RL_RUNS.values())):
             shutil.rmtree(out / stale, ignore_errors=True)
     atomic_write_text(out / "inputs.json", json.dumps(inputs))
 
@@ -418,7 +587,7 @@ def main(argv=None) -> dict:
             for n, row in bon_rows.items():
                 table[f"best-of-{n}"] = row
                 texts[f"best-of-{n}"] = row["texts"]
-    order = ["SFT"] + [f"best-of-{n}" for n in bon_rows] + ["RFT", *RL_ALGOS, "PPO", "DPO", "RLOO (word problems)"]
+    order = ["SFT"] + [f"best-of-{n}" for n in bon_rows] + ["RFT", *RL_RUNS, "PPO", "DPO", "RLOO (word problems)"]
     table = {k: table[k] for k in order}
     for name, row in table.items():  # diversity over the same number of texts for every row: one per prompt
         row["distinct_1"], row["distinct_2"] = distinct_n(texts[name], 1), distinct_n(texts[name], 2)

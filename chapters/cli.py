@@ -31,8 +31,8 @@ def add_common_args(ap: argparse.ArgumentParser, out: str, dtype: bool = False) 
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto: cuda, then mps, then cpu)")
     if dtype:
         ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="training precision; auto = bfloat16 on CUDA, float32 on MPS, and on a CPU the faster of the two "
-                             "on this model's own training step (timed at the start)")
+                        help="training precision; auto = bfloat16 on CUDA GPUs that support it, float32 on MPS and on every "
+                             "CPU (the same chain on every CPU)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--out", type=Path, help=f"output folder (default runs/{out}; quick runs: runs/quick/{out})")
     ap.add_argument("--quick", action="store_true", help="a smoke run in seconds (also LLMFS_QUICK=1); writes under runs/quick/")

@@ -8,7 +8,7 @@ A stage whose run folder already holds a finished run (its summary.json, of the 
 an interrupted course picks up where it stopped (the first unfinished stage resumes its own interrupted run); once a
 stage runs, every later stage starts over too (they build on it). --again starts every stage over.
 
-    python chapters/run_all.py              # the real course (about 30 minutes on a 2-core CPU)
+    python chapters/run_all.py              # the real course (about 55 minutes on a 2-core CPU)
     python chapters/run_all.py --quick      # a smoke run of every chapter (minutes); writes under runs/quick/
     python chapters/run_all.py --again      # start over, even where runs/ holds finished stages
     python chapters/run_all.py --only ch10  # just these stages (their earlier chapters are built if missing)
@@ -30,19 +30,19 @@ sys.path.insert(0, str(ROOT))
 
 from llm_from_scratch.checkpoint import atomic_write_text, finished_run, quick_mode, runs_root  # noqa: E402
 
-# (script, the run folder it writes, minutes its real run took in the course run of 2026-12-02 on a 2-core CPU:
+# (script, the run folder it writes, minutes its real run took in the course run of 2026-12-03 on an idle 2-core CPU:
 # the progress line's estimate)
 CHAPTERS = [
-    ("ch01_tokenizer.py", "tokenizer", 0.1),
+    ("ch01_tokenizer.py", "tokenizer", 0.2),
     ("ch02_attention.py", "attention", 0.1),
-    ("ch03_gpt.py", "gpt", 0.1),
-    ("ch04_pretrain.py", "pretrain", 3.8),
-    ("ch05_sft.py", "sft", 3.9),
-    ("ch06_reward_model.py", "reward_model", 1.7),
-    ("ch07_policy_gradient.py", "pg_word-problems_rloo", 2.9),
-    ("ch08_ppo.py", "ppo_stories", 3.9),
-    ("ch09_dpo.py", "dpo", 4.5),
-    ("ch10_arena.py", "arena", 7.4),
+    ("ch03_gpt.py", "gpt", 0.3),
+    ("ch04_pretrain.py", "pretrain", 6.1),
+    ("ch05_sft.py", "sft", 5.8),
+    ("ch06_reward_model.py", "reward_model", 2.5),
+    ("ch07_policy_gradient.py", "pg_word-problems_rloo", 7.2),
+    ("ch08_ppo.py", "ppo_stories", 6.3),
+    ("ch09_dpo.py", "dpo", 7.1),
+    ("ch10_arena.py", "arena", 22.4),
 ]
 TIMES_FILE = "stage_times.json"  # in the runs folder: each stage's wall time when it last ran
 
@@ -89,18 +89,18 @@ def elapsed(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
-def run_chapter(script: str, quick: bool, quiet: bool, env: dict, fresh: bool) -> float:
+def run_chapter(script: str, quick: bool, quiet: bool, env: dict, fresh: bool, extra: list[str] = ()) -> float:
     """Run one chapter script in its own process; its wall-clock seconds. Exits on failure. fresh: the script starts
-    over (--no-resume, for the scripts that resume) instead of continuing what its folder holds."""
+    over (--no-resume, for the scripts that resume) instead of continuing what its folder holds. extra: more flags."""
     path = ROOT / "chapters" / script
-    cmd = [sys.executable, str(path)] + (["--quick"] if quick else []) + (["--quiet"] if quiet else [])
+    cmd = [sys.executable, str(path)] + (["--quick"] if quick else []) + (["--quiet"] if quiet else []) + list(extra)
     if fresh and "--no-resume" in path.read_text(encoding="utf-8"):
         cmd.append("--no-resume")
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env)
     if done.returncode != 0:
         sys.exit(f"run_all: {script} failed (exit code {done.returncode}); the chapters before it are saved in "
-                 f"{runs_root(quick)}, and `python chapters/run_all.py{' --quick' if quick else ''}` picks up from there")
+                 f"{env.get('LLMFS_RUNS_DIR') or runs_root(quick)}, and `python chapters/run_all.py{' --quick' if quick else ''}` picks up from there")
     return time.perf_counter() - t0
 
 

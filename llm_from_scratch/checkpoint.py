@@ -17,6 +17,7 @@ chapter's run for a later one.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -296,6 +297,13 @@ def finished_run(folder: str | os.PathLike) -> dict | None:
         return json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise PrerequisiteError(f"{file} is not valid JSON ({err.msg}){rebuild_hint(Path(folder))}") from None
+
+
+def weights_file_digest(folder: str | os.PathLike) -> str | None:
+    """The first 12 hex digits of the SHA-256 of `folder/model.safetensors` (None when there is none): the same
+    digest means the very same weights, so notebooks that print it can be seen to read one chain's model."""
+    file = Path(folder) / "model.safetensors"
+    return hashlib.sha256(file.read_bytes()).hexdigest()[:12] if file.is_file() else None
 
 
 def require_real(folder: str | os.PathLike, quick: bool) -> None:

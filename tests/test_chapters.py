@@ -119,6 +119,61 @@ def test_run_all_quick(quick_env):
     assert (runs / "report.md").read_text().count("| kept (time of its last run) |") == len(SCRIPTS) - 2
 
 
+def arena_module():
+    sys.path.insert(0, str(ROOT / "chapters"))
+    try:
+        import ch10_arena
+    finally:
+        sys.path.pop(0)
+    return ch10_arena
+
+
+def test_arena_spread_over_seeds_by_hand():
+    """Median and range of each method's gain over seeds, the word-problem gain over each seed's own SFT model, and
+    a difference called only where it holds in every seed (B beats C in two seeds of three: not called)."""
+    ch10 = arena_module()
+    gains = {"A": [0.30, 0.10, 0.20], "B": [0.05, 0.12, 0.15], "C": [0.10, 0.02, 0.01]}
+    tables = [{"table": {"SFT": {"gold": 0.3, "accuracy": 0.70 + 0.1 * k},
+                         **{m: {"gain": g[k], "gain_se": 0.01, "kl": 1.0 + k, "gold": 0.3 + g[k], "accuracy": 0.75}
+                            for m, g in gains.items()}}} for k in range(3)]
+    spread = ch10.seed_spread(tables)
+    assert set(spread) == {"A", "B", "C"}  # SFT, the baseline of every gain, is not a row
+    assert spread["A"]["gain"] == {"each": [0.30, 0.10, 0.20], "median": 0.20, "min": 0.10, "max": 0.30}
+    assert spread["B"]["kl"]["median"] == 2.0
+    assert spread["A"]["accuracy_gain"]["each"] == pytest.approx([0.05, -0.05, -0.15])  # over that seed's SFT model
+    assert ch10.median([3.0, 1.0, 2.0, 10.0]) == 2.5
+    wins = ch10.every_seed_wins(spread)
+    assert sorted(wins) == [("A", "C")]  # A > B fails in seed 1 (0.10 < 0.12); B > C fails in seed 0
+    text = ch10.seeds_markdown(spread, [0, 1, 2], wins)
+    assert "- A > C" in text and "| A | +0.200 [+0.100, +0.300] |" in text
+    assert ch10.every_seed_wins({k: spread[k] for k in ("B", "C")}) == [] and "- none" in ch10.seeds_markdown(
+        {k: spread[k] for k in ("B", "C")}, [0, 1, 2], [])
+
+
+@pytest.mark.slow
+def test_arena_over_seeds_quick(quick_env):
+    """--seeds 2 after the quick course: seed 0 is the course's arena, seed 1 its own chain from chapter 5 on (every
+    stage with --seed 1, from the same pretrained model); a second call keeps everything."""
+    script = [sys.executable, str(ROOT / "chapters" / "ch10_arena.py"), "--quick", "--quiet", "--seeds", "2"]
+    run = subprocess.run(script, capture_output=True, text=True, env=quick_env, timeout=1800)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    runs = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick"
+    chain = runs / "arena_seeds" / "seed1" / "quick"
+    for stage in ("sft", "reward_model", "pg_word-problems_rloo", "ppo_stories", "dpo"):
+        assert json.loads((chain / stage / "summary.json").read_text())["seed"] == 1, stage
+    assert (chain / "pretrain" / "model.safetensors").read_bytes() == (runs / "pretrain" / "model.safetensors").read_bytes()
+    result = json.loads((runs / "arena_seeds" / "seeds.json").read_text())
+    assert {"best-of-4", "RFT", "REINFORCE", "RLOO", "GRPO", "RLOO, β = 0", "PPO", "DPO"} <= set(result["spread"])
+    seed1 = json.loads((chain / "arena" / "table.json").read_text())
+    assert seed1["seed"] == 1 and result["spread"]["PPO"]["kl"]["each"][1] == seed1["table"]["PPO"]["kl"]
+    assert (runs / "arena_seeds" / "frontier.png").is_file() and "over 2 seeds" in (runs / "arena_seeds" / "table.md").read_text()
+    again = subprocess.run(script, capture_output=True, text=True, env=quick_env, timeout=1800)
+    kept = [line for line in again.stdout.splitlines() if line.startswith("seed 1: keeping ")
+            and "the finished run" not in line]  # the chain's stages (the arena's own kept runs say "the finished run")
+    assert again.returncode == 0 and len(kept) == 5, again.stdout[-3000:]
+    assert json.loads((runs / "arena_seeds" / "seeds.json").read_text())["spread"] == result["spread"]
+
+
 @pytest.mark.slow
 def test_policy_gradient_on_stories_and_resume(quick_env):
     """Chapter 7 against the (quick) reward model with GRPO, then an interrupted word-problem run picks up."""
