@@ -53,6 +53,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import ch07_policy_gradient as ch07  # chapter 7's script: its runs on stories, its data helpers
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
@@ -440,11 +441,6 @@ def seed_chain(args, seed: int, root: Path) -> Path:
         raise SystemExit(f"the arena of seed {seed} failed (exit code {done.returncode}); what it finished is kept in "
                          f"{shown(base)}, and the same command picks up from there")
     return stage_root / "arena"
-
-
-def median(xs: list[float]) -> float:
-    ys = sorted(xs)
-    return (ys[(len(ys) - 1) // 2] + ys[len(ys) // 2]) / 2
 
 
 def seed_spread(tables: list[dict]) -> dict[str, dict]:
