@@ -75,10 +75,11 @@ from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer
 from llm_from_scratch.train import load_gpt, save_gpt
 
-# label -> (its folder under runs/arena/, chapter 7's --algo, its other flags): the three estimators at chapter 7's
-# KL penalty, then RLOO with none at all (β = 0) for twice as long, to show what over-optimising the proxy does to gold
-RL_RUNS = {"REINFORCE": ("reinforce-baseline", "reinforce-baseline", []), "RLOO": ("rloo", "rloo", []),
-           "GRPO": ("grpo", "grpo", []), "RLOO, β = 0": ("rloo_beta0", "rloo", ["--beta", "0"])}
+# label -> (its folder under runs/arena/, chapter 7's --algo, its other flags, its steps in --rl-steps): the three
+# estimators at chapter 7's KL penalty, then RLOO with none at all (β = 0) for twice as long, to show what
+# over-optimising the proxy does to gold
+RL_RUNS = {"REINFORCE": ("reinforce-baseline", "reinforce-baseline", [], 1), "RLOO": ("rloo", "rloo", [], 1),
+           "GRPO": ("grpo", "grpo", [], 1), "RLOO, β = 0": ("rloo_beta0", "rloo", ["--beta", "0"], 2)}
 CHAPTER_RUNS = {"PPO": "ppo_stories", "DPO": "dpo", "RLOO (word problems)": "pg_word-problems_rloo"}
 BON_SHOWN = (4, 16, 64)  # the best-of-N rows of the table (the frontier draws every power of 2)
 
@@ -130,10 +131,9 @@ def rl_runs(args, out: Path) -> dict[str, Path]:
     """REINFORCE, RLOO and GRPO on stories against the reward model, and RLOO at β = 0 for 2 x --rl-steps, by chapter
     7's script (kept when finished)."""
     folders = {}
-    for label, (name, algo, flags) in RL_RUNS.items():
+    for label, (name, algo, flags, times) in RL_RUNS.items():
         folder = out / name
-        steps = args.rl_steps * (2 if "--beta" in flags else 1)
-        argv = ["--task", "stories", "--algo", algo, "--temperature", "1.0", "--steps", str(steps),
+        argv = ["--task", "stories", "--algo", algo, "--temperature", "1.0", "--steps", str(args.rl_steps * times),
                 "--eval-interval", str(args.rl_eval_interval), "--eval-samples", str(args.eval_samples),
                 "--seed", str(args.seed), "--out", str(folder), "--device", args.device, *flags]
         argv += (["--quick"] if args.quick else []) + (["--quiet"] if args.quiet else []) + (
@@ -557,7 +557,7 @@ def main(argv=None) -> dict:
     inputs = {"sft": weights_digest(sft), "reward_model": weights_digest(rm)}
     if (out / "inputs.json").is_file() and json.loads((out / "inputs.json").read_text(encoding="utf-8")) != inputs:
         print("the SFT model or the reward model changed since the arena last ran: its RL and RFT runs start over")
-        for stale in ("rft", *(folder for folder, _, _ in RL_RUNS.values())):
+        for stale in ("rft", *(folder for folder, *_ in RL_RUNS.values())):
             shutil.rmtree(out / stale, ignore_errors=True)
     atomic_write_text(out / "inputs.json", json.dumps(inputs))
 
