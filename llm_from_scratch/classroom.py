@@ -88,14 +88,21 @@ def imports_in(source: str) -> set[str]:
     return found
 
 
-def closure(*modules: str, pkg: Path = PKG) -> set[str]:
-    """The modules given and every package module they import, directly or not."""
+def import_graph(pkg: Path = PKG) -> dict[str, set[str]]:
+    """Every module of the package -> the package modules it imports directly (each file parsed once)."""
+    return {path.stem: package_imports(path) for path in sorted(pkg.glob("*.py"))}
+
+
+def closure(*modules: str, pkg: Path = PKG, graph: dict[str, set[str]] | None = None) -> set[str]:
+    """The modules given and every package module they import, directly or not (`graph`: import_graph(pkg), when
+    the caller asks for many closures)."""
+    graph = import_graph(pkg) if graph is None else graph
     todo, seen = list(modules), set()
     while todo:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
-            todo.extend(package_imports(pkg / f"{m}.py"))
+            todo.extend(graph[m])
     return seen
 
 
@@ -170,7 +177,7 @@ def grading_tests(tests: Path = TESTS) -> dict[str, list[tuple[str, str]]]:
 def offered(tests: Path = TESTS, pkg: Path = PKG) -> list[Target]:
     """Every function that can be handed out (a test grades it), in the order to implement them: by chapter, then
     a module before the modules that import it, then in file order."""
-    targets = []
+    targets, graph = [], import_graph(pkg)
     for name, pairs in grading_tests(tests).items():
         module, _, qualname = name.partition(".")
         source = pkg / f"{module}.py"
@@ -179,7 +186,7 @@ def offered(tests: Path = TESTS, pkg: Path = PKG) -> list[Target]:
             raise KitError(f"{pairs[0][0]}::{pairs[0][1]} grades {name!r}, which is not in {PACKAGE}/")
         target = Target(name, module, qualname, pairs)
         # a module's import closure contains every module it depends on: its size orders them dependencies first
-        targets.append((target.chapter, len(closure(module, pkg=pkg)), module, node.lineno, target))
+        targets.append((target.chapter, len(closure(module, graph=graph)), module, node.lineno, target))
     return [t for *_, t in sorted(targets, key=lambda x: x[:4])]
 
 

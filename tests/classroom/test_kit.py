@@ -11,12 +11,12 @@ import os
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from bugs import BUGS
+from grading import grade_all
 from llm_from_scratch import classroom as kit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,18 +38,11 @@ def run_kit(*args, cwd=ROOT):
                           text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
-def grade(folder: Path) -> tuple[int, dict[str, list[str]], str]:
-    """Run an assignment's grader as a student would, from its own folder with nothing of the repository on the
-    path. Returns the exit code, {test function: outcomes of its instances}, and the output."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "MPLBACKEND": "Agg",
-           "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    code = (f"import sys; sys.path = [p for p in sys.path if p.rstrip('/') != {str(ROOT)!r}]; "
-            "import pytest; sys.exit(pytest.main(['-q', '-rA', '-p', 'no:cacheprovider']))")
-    run = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, env=env, timeout=600)
-    outcomes: dict[str, list[str]] = {}
-    for status, node in re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", run.stdout, re.M):
-        outcomes.setdefault(node.split("[")[0], []).append(status)
-    return run.returncode, outcomes, run.stdout[-4000:] + run.stderr[-2000:]
+def grade(*folders: Path) -> list[tuple[int, dict[str, list[str]], str]]:
+    """Run assignments' graders as a student would, each from its own folder with nothing of the repository on the
+    path, two at a time (grading.py). For each: the exit code, {test function: outcomes of its instances}, and the
+    output."""
+    return grade_all(list(folders), ROOT)
 
 
 def plant(folder: Path, target: str, old: str, new: str) -> None:
@@ -207,8 +200,7 @@ def test_the_grader_passes_the_reference_and_fails_the_blank_and_every_catalogue
         if old:
             plant(folder, target, old, new)
         folders[what] = folder
-    with ThreadPoolExecutor(2) as pool:  # two graders at a time on two cores
-        results = dict(zip(folders, pool.map(grade, folders.values())))
+    results = dict(zip(folders, grade(*folders.values())))
 
     code, outcomes, out = results.pop("reference")
     assert code == 0 and set(outcomes) == graded_by, f"the grader fails the reference:\n{out}"
@@ -264,8 +256,7 @@ def test_a_notebook_assignment_fails_unsolved_and_passes_solved(tmp_path):
     assert run.returncode == 0, run.stderr
     student = json.loads((tmp_path / "student" / "notebooks" / path.name).read_text())
     assert "### BEGIN SOLUTION" not in json.dumps(student) and "# YOUR CODE HERE" in json.dumps(student)
-    with ThreadPoolExecutor(2) as pool:
-        (code_s, out_s, log_s), (code_r, out_r, log_r) = pool.map(grade, [tmp_path / "student", tmp_path / "solution"])
+    (code_s, out_s, log_s), (code_r, out_r, log_r) = grade(tmp_path / "student", tmp_path / "solution")
     assert code_r == 0, f"the solved notebook fails its grader:\n{log_r}"
     assert code_s != 0 and "NotImplementedError" in log_s, f"the unsolved notebook passes its grader:\n{log_s}"
 
