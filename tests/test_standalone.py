@@ -6,12 +6,11 @@ module together with its few predecessors.
 """
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from isolated import run_isolated
 from llm_from_scratch.classroom import CHAPTER, closure, package_imports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,22 +46,17 @@ def test_module_works_copied_alone(module, tmp_path):
     shutil.copy(PKG / "__init__.py", pkg)
     for m in deps:
         shutil.copy(PKG / f"{m}.py", pkg)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "MPLBACKEND": "Agg"}
-    # import it with the copy first on the path and the repository nowhere on it
-    code = f"import sys; sys.path = [p for p in sys.path if p.rstrip('/') != {str(ROOT)!r}]; import llm_from_scratch.{module} as m; print(m.__file__)"
-    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip().startswith(str(tmp_path))
-    # and its own unit tests pass against the copy, as in an assignment built from this one file
+    # import it, and run its own unit tests against the copy as in an assignment built from this one file, in a fresh
+    # process with the copy first on the path and the repository nowhere on it
     test_file = ROOT / "tests" / f"test_{module}.py"
-    if test_file.exists() and package_imports(test_file) <= deps:
+    runs_tests = test_file.exists() and package_imports(test_file) <= deps
+    if runs_tests:
         (tmp_path / "tests").mkdir()
         shutil.copy(test_file, tmp_path / "tests")
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), f"tests/{test_file.name}"],
-            cwd=tmp_path, capture_output=True, text=True, env=env,
-        )
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    args = ("-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), f"tests/{test_file.name}") if runs_tests else None
+    [run] = run_isolated([tmp_path], ROOT, imports=(f"llm_from_scratch.{module}",), pytest_args=args, workers=1)
+    assert run.files[f"llm_from_scratch.{module}"].startswith(str(tmp_path))
+    assert run.code == 0, run.output[-5000:]
 
 
 def test_reward_model_copies_out_with_at_most_seven_files():
