@@ -130,3 +130,36 @@ def test_every_cell_has_an_id(path):
     """nbformat 4.5 cells carry an id (a cell added by hand without one draws a warning, and later an error)."""
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     assert [i for i, c in enumerate(cells) if "id" not in c] == []
+
+
+def section_numbers(nb) -> list[int]:
+    """The numbers of a notebook's numbered sections ('## 3. The loop, live' -> 3), in the order they appear."""
+    return [int(m.group(1)) for cell in nb.cells if cell.cell_type == "markdown"
+            for m in re.finditer(r"^## (\d+)\. ", cell.source, flags=re.MULTILINE)]
+
+
+def solution_cells_with_outputs(nb) -> list[int]:
+    return [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            and "solution" in cell.metadata.get("tags", []) and cell.get("outputs")]
+
+
+def test_the_structure_checks_catch_what_they_should():
+    md = nbformat.v4.new_markdown_cell
+    skipped = nbformat.v4.new_notebook(cells=[md("# Chapter\n\n## 2. Second"), md("## 3. Third\n## Exercises")])
+    assert section_numbers(skipped) == [2, 3]
+    solved = nbformat.v4.new_code_cell("# Solution to exercise 1", metadata={"tags": ["solution"]},
+                                       outputs=[nbformat.v4.new_output("stream", text="42\n")])
+    assert solution_cells_with_outputs(nbformat.v4.new_notebook(cells=[solved])) == [0]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_sections_are_numbered_from_one(path):
+    """'## 1.', '## 2.', ... with none skipped: the sections the introduction lists are the ones that follow."""
+    numbers = section_numbers(nbformat.read(path, as_version=4))
+    assert numbers == list(range(1, len(numbers) + 1)), f"{path.name}: sections numbered {numbers}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_solution_cells_are_committed_without_outputs(path):
+    """A student who opens the notebook sees each exercise's question, not its answer (CONTRIBUTING.md, rule 6)."""
+    assert solution_cells_with_outputs(nbformat.read(path, as_version=4)) == []
