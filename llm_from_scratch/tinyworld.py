@@ -717,13 +717,13 @@ def candidate_story(rng: Recorder, spec: dict) -> tuple[str, list[str]]:
     return corrupted_story(rng, spec, kinds), kinds
 
 
-# The SFT demonstrator: a writer of mixed skill, as human demonstrators are. Half its stories are what was asked;
-# the other half have one flaw, each of the seven kinds equally often (1/14 = 7.1% of stories each).
-DEMO_FLAW_WEIGHTS = {"none": 7, **{kind: 1 for kind in CORRUPTIONS}}
+# The SFT demonstrator: a writer of mixed skill, as human demonstrators are. Three in four of its stories are what
+# was asked; the fourth has one flaw, each of the seven kinds equally often (1/28 = 3.6% of stories each).
+DEMO_FLAW_WEIGHTS = {"none": 21, **{kind: 1 for kind in CORRUPTIONS}}
 
 
 def demonstration_story(rng: Recorder, spec: dict) -> tuple[str, list[str]]:
-    """The SFT demonstration of a story prompt: clean with probability 1/2, else one corruption drawn uniformly
+    """The SFT demonstration of a story prompt: clean with probability 3/4, else one corruption drawn uniformly
     (DEMO_FLAW_WEIGHTS). Returns (text, corruptions)."""
     flaw = rng.weighted(list(DEMO_FLAW_WEIGHTS), list(DEMO_FLAW_WEIGHTS.values()))
     kinds = [] if flaw == "none" else [flaw]
@@ -835,7 +835,7 @@ FILES = {"pretrain_train": "pretrain_train.txt", "pretrain_val": "pretrain_val.t
 DEFAULT_SIZES = {"n_chars": 4_000_000, "val_fraction": 0.05, "n_sft": 20_000, "n_sft_val": 1_500,
                  "n_pref": 10_000, "n_pref_val": 1_000, "n_rl": 2_000}
 QUICK_SIZES = {"n_chars": 200_000, "n_sft": 500, "n_sft_val": 100, "n_pref": 300, "n_pref_val": 100, "n_rl": 100}  # smoke runs
-GENERATOR_VERSION = 9  # bump when the generator changes, so ensure_datasets regenerates
+GENERATOR_VERSION = 10  # bump when the generator changes, so ensure_datasets regenerates
 
 
 def _jsonl(rows: list[dict]) -> str:

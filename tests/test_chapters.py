@@ -36,12 +36,21 @@ def test_ch07_loss_type_and_filter_reach_the_config_and_the_finished_run_check(t
         import ch07_policy_gradient as ch07
     finally:
         sys.path.pop(0)
-    default, dapo = ch07.parse_args([]), ch07.parse_args(["--loss-type", "dapo", "--filter-groups"])
-    assert (ch07.pg_config(default).loss_type, ch07.pg_config(default).filter_groups) == (None, False)
+    default = ch07.parse_args(["--task", "stories"])  # the stories' recipe: the estimator's own loss, no filter
+    dapo = ch07.parse_args(["--task", "stories", "--loss-type", "dapo", "--filter-groups"])
+    assert (ch07.pg_config(default).loss_type, ch07.pg_config(default).filter_groups, default.lr) == (None, False, 2e-5)
     assert (ch07.pg_config(dapo).loss_type, ch07.pg_config(dapo).filter_groups) == ("dapo", True)
     assert ch07.pg_config(ch07.parse_args(["--algo", "grpo", "--loss-type", "dr_grpo"])).loss_type == "dr_grpo"
-    assert (ch07.run_name(default), ch07.run_name(dapo)) == ("pg_word-problems_rloo", "pg_word-problems_rloo_dapo_filter")
-    for bad in (["--loss-type", "bnpo"], ["--algo", "reinforce", "--k", "1", "--filter-groups"]):
+    assert (ch07.run_name(default), ch07.run_name(dapo)) == ("pg_stories_rloo", "pg_stories_rloo_dapo_filter")
+    # word problems' recipe is DAPO's loss and filter at 5e-5; leaving it gets a folder of its own
+    words, own = ch07.parse_args([]), ch07.parse_args(["--loss-type", "own", "--no-filter-groups"])
+    assert (ch07.pg_config(words).loss_type, ch07.pg_config(words).filter_groups, words.lr) == ("dapo", True, 5e-5)
+    assert (ch07.pg_config(own).loss_type, ch07.pg_config(own).filter_groups) == (None, False)
+    assert ch07.run_name(words) == ch07.run_name(ch07.parse_args(["--loss-type", "dapo"])) == "pg_word-problems_rloo"
+    assert ch07.run_name(own) == "pg_word-problems_rloo_own_nofilter"
+    assert ch07.parse_args(["--algo", "reinforce", "--k", "1", "--no-filter-groups"]).k == 1
+    for bad in (["--loss-type", "bnpo"], ["--algo", "reinforce", "--k", "1"], ["--task", "stories", "--algo", "reinforce",
+                                                                            "--k", "1", "--filter-groups"]):
         with pytest.raises(SystemExit):
             ch07.parse_args(bad)
 
@@ -53,9 +62,13 @@ def test_ch07_loss_type_and_filter_reach_the_config_and_the_finished_run_check(t
               "eval_samples": 0, "config": older}
     (out / "eval.json").write_text(json.dumps(result))
     assert ch07.finished_seed(default, out, 0) is not None  # from before the knobs: their defaults
+    words_result = {**result, "lr": words.lr}  # a word-problem run from before the recipe: not today's default run
+    (out / "eval.json").write_text(json.dumps(words_result))
+    assert ch07.finished_seed(words, out, 0) is None and ch07.finished_seed(own, out, 0) is not None
+    (out / "eval.json").write_text(json.dumps(result))
     assert ch07.finished_seed(dapo, out, 0) is None
-    assert ch07.finished_seed(ch07.parse_args(["--loss-type", "grpo"]), out, 0) is None
-    assert ch07.finished_seed(ch07.parse_args(["--filter-groups"]), out, 0) is None
+    assert ch07.finished_seed(ch07.parse_args(["--task", "stories", "--loss-type", "grpo"]), out, 0) is None
+    assert ch07.finished_seed(ch07.parse_args(["--task", "stories", "--filter-groups"]), out, 0) is None
     (out / "eval.json").write_text(json.dumps({**result, "config": vars(ch07.pg_config(dapo))}))
     assert ch07.finished_seed(dapo, out, 0) is not None and ch07.finished_seed(default, out, 0) is None
 

@@ -17,6 +17,7 @@ from llm_from_scratch.tokenizer import Tokenizer
 # ----------------------------------------------------------------------------- McNemar
 
 
+@pytest.mark.grades("evaluation.mcnemar_exact")
 def test_mcnemar_by_hand():
     # b = 1 right -> wrong, c = 6 wrong -> right: 2 · (C(7,0) + C(7,1)) / 2^7 = 2 · 8 / 128 = 0.125
     assert mcnemar_exact([1] + [0] * 6, [0] + [1] * 6) == {"b": 1, "c": 6, "p_value": 0.125}
@@ -42,6 +43,7 @@ def binomial_two_sided(k: int, m: int) -> float:
     return min(1.0, sum(p for p in pmf if p <= pmf[k] * (1 + 1e-7)))
 
 
+@pytest.mark.grades("evaluation.mcnemar_exact")
 def test_mcnemar_against_an_independent_computation():
     for b in range(0, 25):
         for c in range(0, 25):
@@ -56,6 +58,7 @@ def test_mcnemar_against_an_independent_computation():
         assert mcnemar_exact([1] * b + [0] * c, [0] * b + [1] * c)["p_value"] == pytest.approx(binomtest(b, b + c).pvalue)
 
 
+@pytest.mark.grades("evaluation.mcnemar_exact")
 def test_mcnemar_refuses_what_is_not_a_count():
     with pytest.raises(ValueError, match="right"):
         mcnemar_exact([0.5, 1.0], [1.0, 1.0])  # a story score
@@ -66,6 +69,7 @@ def test_mcnemar_refuses_what_is_not_a_count():
 # ----------------------------------------------------------------------------- the paired gain
 
 
+@pytest.mark.grades("evaluation.paired_gain")
 def test_paired_gain_by_hand():
     # 3 prompts x 2 samples, sample j of prompt i at 2i + j:
     after = [1.0, 1.0, 0.5, 1.0, 0.0, 0.0]
@@ -81,6 +85,7 @@ def test_paired_gain_by_hand():
     assert paired_gain(after, after, 3) == (0.0, 0.0)
 
 
+@pytest.mark.grades("evaluation.paired_gain")
 def test_paired_gain_is_the_mean_and_se_of_the_prompt_means():
     g = torch.Generator().manual_seed(0)
     a, b = torch.rand(40, generator=g), torch.rand(40, generator=g)
@@ -90,6 +95,7 @@ def test_paired_gain_is_the_mean_and_se_of_the_prompt_means():
     assert se == pytest.approx(statistics.stdev(per_prompt) / math.sqrt(10), abs=1e-12)
 
 
+@pytest.mark.grades("evaluation.paired_gain")
 def test_paired_gain_ends():
     gain, se = paired_gain([1.0, 0.0], [0.0, 0.0], 2)  # one prompt: a mean, no spread to measure
     assert gain == 0.5 and math.isnan(se)

@@ -312,15 +312,15 @@ def test_story_reward_cases():
 
 
 def test_story_demonstrations_come_from_a_writer_of_mixed_skill():
-    """Chapter 5's story demonstrations: half clean (gold 1), half with one flaw of the seven, each about 1/14."""
+    """Chapter 5's story demonstrations: three in four clean (gold 1), the rest with one flaw of the seven, each 1/28."""
     stories = [ex for ex in tw.generate_instructions(2800, seed=4, tasks=("story",))]
     clean = sum(tw.story_reward(ex.meta, ex.response) == 1.0 for ex in stories) / len(stories)
-    assert clean == pytest.approx(0.5, abs=0.04)  # binomial s.e. 0.0095: 4 s.e.
+    assert clean == pytest.approx(0.75, abs=0.035)  # binomial s.e. 0.0082: 4 s.e.
     rng, flaws = tw.Recorder(2), Counter()
     for _ in range(2800):
         flaws.update(tw.demonstration_story(rng, tw.story_prompt(rng)[1])[1] or ["none"])
-    assert flaws["none"] / 2800 == pytest.approx(0.5, abs=0.04)
-    assert all(flaws[k] / 2800 == pytest.approx(1 / 14, abs=0.025) for k in tw.CORRUPTIONS)
+    assert flaws["none"] / 2800 == pytest.approx(0.75, abs=0.035)
+    assert all(flaws[k] / 2800 == pytest.approx(1 / 28, abs=0.015) for k in tw.CORRUPTIONS)  # s.e. 0.0035
     # the verifiable demonstrations stay correct
     for ex in tw.generate_instructions(300, seed=4, tasks=("arithmetic", "word_problem", "sort", "count")):
         assert tw.gold_reward(ex, ex.response) == 1.0

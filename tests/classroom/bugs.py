@@ -136,6 +136,21 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
         ("returns the last micro-batch's loss", "return loss_sum / K, tokens", "return loss.item(), tokens"),
         ("counts every position as a target", "tokens += int((y != -100).sum())", "tokens += y.numel()"),
     ],
+    # ---------------------------------------------------------------- chapter 5 (the evaluation every later chapter uses)
+    "evaluation.paired_gain": [
+        ("standard error over the samples, not over the prompts (a prompt's samples are not independent)",
+         "per_prompt = (a - b).view(-1, n_per_prompt).mean(dim=1)", "per_prompt = (a - b)"),
+        ("samples grouped into prompts the wrong way round (sample j of every prompt together)",
+         ".view(-1, n_per_prompt).mean(dim=1)", ".view(n_per_prompt, -1).mean(dim=0)"),
+        ("population standard deviation (ddof 0)", "per_prompt.std() /", "per_prompt.std(unbiased=False) /"),
+        ("divided by the number of prompts, not its square root", "/ math.sqrt(per_prompt.numel())", "/ per_prompt.numel()"),
+    ],
+    "evaluation.mcnemar_exact": [
+        ("one-sided p-value (the factor 2 forgotten)", "min(1.0, 2 * tail / 2 ** m)", "min(1.0, tail / 2 ** m)"),
+        ("answers right both times counted as changed", "if x == 1.0 and y == 0.0)", "if x == 1.0)"),
+        ("the tail stops one short: P[X < min(b, c)]", "range(min(b, c) + 1)", "range(min(b, c))"),
+        ("the tail of the larger count", "range(min(b, c) + 1)", "range(max(b, c) + 1)"),
+    ],
     # ---------------------------------------------------------------- chapter 6
     "reward_model.RewardModel.forward": [
         ("the reward read at the last column, whatever the padding", "h_last = h[torch.arange(ids.size(0), device=ids.device), last]",
