@@ -219,7 +219,8 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
     if not 1 <= cfg.minibatches <= B:
         raise ValueError(f"ppo_step: {cfg.minibatches} minibatches do not fit a batch of {B} rollouts")
     mask = ro.mask.float()  # (B, T-1)
-    orders = [torch.randperm(B, generator=generator) for _ in range(cfg.epochs)]  # each epoch's shuffle
+    where = generator.device if generator is not None else "cpu"  # a CUDA generator draws only on its own device
+    orders = [torch.randperm(B, generator=generator, device=where) for _ in range(cfg.epochs)]  # each epoch's shuffle
     models = (policy,) if critic is None else (policy, critic)
     stats = defaultdict(list)
     with eval_mode(*models):  # dropout off: the old and new log-probs must come from the same function
