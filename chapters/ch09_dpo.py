@@ -108,7 +108,8 @@ def parse_args(argv=None):
                          "sampled: pairs of the SFT model's own stories, --samples-per-prompt for each of the RL story "
                          "prompts, the best and the worst by gold, labelled as the tiny world labels (on-policy data)")
     ap.add_argument("--samples-per-prompt", type=int, default=4, help="--pairs sampled: stories per prompt (default 4)")
-    ap.add_argument("--steps", type=int, help="optimizer steps (default 300; --pairs sampled: 80, about 3 epochs)")
+    ap.add_argument("--steps", type=int,
+                    help="optimizer steps (default 300; --pairs sampled: 80, about 1.3 epochs of ~2,000 pairs)")
     ap.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32)")
     ap.add_argument("--lr", type=float, default=5e-5, help="peak AdamW learning rate (default 5e-5)")
     ap.add_argument("--warmup", type=int, default=20, help="steps of linear warmup, then cosine to lr/10 (default 20)")

@@ -163,3 +163,43 @@ def test_sections_are_numbered_from_one(path):
 def test_solution_cells_are_committed_without_outputs(path):
     """A student who opens the notebook sees each exercise's question, not its answer (CONTRIBUTING.md, rule 6)."""
     assert solution_cells_with_outputs(nbformat.read(path, as_version=4)) == []
+
+
+CHAIN_NOTEBOOKS = [p for p in NOTEBOOKS if p.name[:2] in ("05", "06", "07", "08", "09", "10")]
+DIGEST = re.compile(r"sha256 of its weights: ([0-9a-f]{12})\b")
+
+
+def first_output_text(nb) -> str:
+    """The text of the first code cell that has outputs: where notebooks 05-10 say which SFT model they read."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.get("outputs"):
+            return "".join(t for o in cell.outputs for t in output_texts(o))
+    return ""
+
+
+def sft_digests(notebooks) -> dict[str, str | None]:
+    found = {}
+    for path, nb in notebooks:
+        m = DIGEST.search(first_output_text(nb))
+        found[path] = m.group(1) if m else None
+    return found
+
+
+def test_the_digest_check_reads_the_first_output():
+    cell = nbformat.v4.new_code_cell("print(...)")
+    cell.outputs = [nbformat.v4.new_output("stream", text="quick mode: False\nthe SFT model every number below comes "
+                                           "from: runs/sft | sha256 of its weights: 0123456789ab\n")]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# x"), cell])
+    assert sft_digests([("a", nb)]) == {"a": "0123456789ab"}
+    cell.outputs[0].text = "the SFT model every number below comes from: runs/sft | sha256 of its weights: none yet"
+    assert sft_digests([("a", nb)]) == {"a": None}
+
+
+def test_notebooks_05_to_10_read_one_sft_model():
+    """Issue 26's one chain: every committed notebook of chapters 5-10 printed, in its first output, the digest of the
+    SFT weights it read, and it is the same digest in all of them (one course run, not two stitched together)."""
+    assert len(CHAIN_NOTEBOOKS) == 6, [p.name for p in CHAIN_NOTEBOOKS]
+    digests = sft_digests([(p.name, nbformat.read(p, as_version=4)) for p in CHAIN_NOTEBOOKS])
+    missing = [name for name, d in digests.items() if d is None]
+    assert not missing, f"no SFT digest in the first output of {missing}: execute them on the course's chain"
+    assert len(set(digests.values())) == 1, f"the notebooks read different SFT models: {digests}"
