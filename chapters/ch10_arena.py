@@ -21,8 +21,9 @@ The evaluation, the same for every checkpoint: --eval-samples samples of each of
 prompts at T = 1.0 (the same random numbers for every checkpoint, and the same draws chapters 8 and 9 evaluate with):
 the gold reward ± s.e., the reward model's score (the proxy), the KL to the SFT model from those samples (k1 and k3)
 and the mean length; distinct-1/2 of one sample per prompt (the same count of stories for every method); and the
-greedy accuracy on the 605 held-out word problems. Best-of-N's KL is its analytic bound log N − (N − 1)/N. A checkpoint's evaluation is kept in runs/arena/eval/ under a hash of its weights, so a
-rerun evaluates only what changed.
+greedy accuracy on the 605 held-out word problems. Best-of-N's KL is its analytic bound log N − (N − 1)/N. A
+checkpoint's evaluation is kept in runs/arena/eval/ under a hash of its weights, so a rerun evaluates only what
+changed.
 
 Writes runs/arena/: table.md and table.json (every method; the chapters' own recorded numbers beside the arena's where
 their settings match), frontier.png (gold and proxy against √KL: best-of-N as a curve, every RL run as its trajectory
