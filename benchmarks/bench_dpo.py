@@ -38,7 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import atomic_write_text, load_tensors, runs_root, save_tensors, shown  # noqa: E402
+from llm_from_scratch.checkpoint import atomic_write_text, load_tensors, save_tensors
+from llm_from_scratch.course import runs_root, shown  # noqa: E402
 from llm_from_scratch.device import pick_device  # noqa: E402
 from llm_from_scratch.dpo import DPOConfig, dpo_step, frozen_logps, preference_batch, reference_logps  # noqa: E402
 from llm_from_scratch.model import GPT, PRESETS, GPTConfig  # noqa: E402

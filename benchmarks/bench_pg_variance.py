@@ -38,7 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import atomic_write_text, prerequisite, read_jsonl, runs_root, shown  # noqa: E402
+from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
+from llm_from_scratch.course import prerequisite, runs_root, shown  # noqa: E402
 from llm_from_scratch.data import tinyworld_dir  # noqa: E402
 from llm_from_scratch.generation import sequence_logprobs  # noqa: E402
 from llm_from_scratch.model import eval_mode  # noqa: E402

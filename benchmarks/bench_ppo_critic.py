@@ -30,7 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import atomic_write_text, prerequisite, read_jsonl, runs_root, shown  # noqa: E402
+from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
+from llm_from_scratch.course import prerequisite, runs_root, shown  # noqa: E402
 from llm_from_scratch.data import tinyworld_dir  # noqa: E402
 from llm_from_scratch.policy_gradient import rollout  # noqa: E402
 from llm_from_scratch.ppo import (AdaptiveKLController, PolicyValue, PPOConfig, make_optimizer, ppo_step,  # noqa: E402

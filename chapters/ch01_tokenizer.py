@@ -25,7 +25,8 @@ import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
 import regex  # noqa: E402
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, shown, start_run, write_summary  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text
+from llm_from_scratch.course import quick_mode, runs_root, shown, start_run, write_summary  # noqa: E402
 from llm_from_scratch.data import python_stdlib_text, read_text, tinyworld_dir  # noqa: E402
 from llm_from_scratch.plots import line_plot, merges_plot  # noqa: E402
 from llm_from_scratch.tokenizer import (  # noqa: E402

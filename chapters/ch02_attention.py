@@ -28,7 +28,8 @@ import regex  # noqa: E402
 import torch  # noqa: E402
 
 from llm_from_scratch.attention import CausalSelfAttention, KVCache, causal_mask, explicit_attention  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, quick_mode, runs_root, shown, start_run, write_summary  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text
+from llm_from_scratch.course import quick_mode, runs_root, shown, start_run, write_summary  # noqa: E402
 from llm_from_scratch.device import DEVICE_CHOICES, pick_device, seed_everything  # noqa: E402
 from llm_from_scratch.model import GPT, GPTConfig  # noqa: E402
 from llm_from_scratch.plots import line_plot, save  # noqa: E402

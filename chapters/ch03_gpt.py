@@ -28,7 +28,16 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from llm_from_scratch import tinyworld  # noqa: E402
-from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode, runs_root, shown, start_run, write_summary  # noqa: E402
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text
+from llm_from_scratch.course import (  # noqa: E402
+    finished_run,
+    prerequisite,
+    quick_mode,
+    runs_root,
+    shown,
+    start_run,
+    write_summary,
+)
 from llm_from_scratch.device import DEVICE_CHOICES, pick_device, seed_everything  # noqa: E402
 from llm_from_scratch.generation import filter_logits, generate, left_pad, sample_next  # noqa: E402
 from llm_from_scratch.model import GPT, PRESETS, GPTConfig  # noqa: E402

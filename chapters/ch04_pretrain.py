@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from llm_from_scratch import tinyworld
-from llm_from_scratch.checkpoint import (atomic_write_text, prerequisite, quick_mode, read_jsonl, runs_root, shown,
-                                         start_run, write_summary)
+from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
+from llm_from_scratch.course import prerequisite, quick_mode, runs_root, shown, start_run, write_summary
 from llm_from_scratch.data import WindowSampler, document_windows, read_text, tinyworld_dir
 from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
 from llm_from_scratch.generation import generate

@@ -27,8 +27,17 @@ import cli  # chapters/cli.py: common flags, one-line errors (also puts the repo
 import matplotlib.pyplot as plt
 
 from llm_from_scratch import tinyworld
-from llm_from_scratch.checkpoint import (atomic_write_text, finished_run, prerequisite, quick_mode, read_jsonl, require_real,
-                                         runs_root, shown, start_run, write_summary)
+from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
+from llm_from_scratch.course import (
+    finished_run,
+    prerequisite,
+    quick_mode,
+    require_real,
+    runs_root,
+    shown,
+    start_run,
+    write_summary,
+)
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
 from llm_from_scratch.plots import loss_plot, save

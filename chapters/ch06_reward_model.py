@@ -22,8 +22,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from llm_from_scratch import tinyworld
-from llm_from_scratch.checkpoint import (atomic_write_text, prerequisite, quick_mode, read_jsonl, require_real, runs_root,
-                                         start_run, write_summary)
+from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
+from llm_from_scratch.course import prerequisite, quick_mode, require_real, runs_root, start_run, write_summary
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.plots import save

@@ -53,15 +53,17 @@ from tqdm import tqdm
 from llm_from_scratch.checkpoint import (
     append_metrics,
     atomic_write_text,
-    finished_run,
     load_state,
     load_train_state,
+    read_jsonl,
+    save_train_state,
+)
+from llm_from_scratch.course import (
+    finished_run,
     prerequisite,
     quick_mode,
-    read_jsonl,
     require_real,
     runs_root,
-    save_train_state,
     shown,
     start_run,
     write_summary,

@@ -65,8 +65,17 @@ from tqdm import tqdm
 from llm_from_scratch import tinyworld
 from llm_from_scratch.arena import (RFTConfig, best_of_n_curve, best_of_n_expected, distinct_n,
                                     evaluate, rft_round, weights_digest)
-from llm_from_scratch.checkpoint import (append_metrics, atomic_write_text, finished_run, prerequisite, quick_mode,
-                                         read_jsonl, require_real, runs_root, shown, start_run, write_summary)
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, read_jsonl
+from llm_from_scratch.course import (
+    finished_run,
+    prerequisite,
+    quick_mode,
+    require_real,
+    runs_root,
+    shown,
+    start_run,
+    write_summary,
+)
 from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.evaluation import eval_record, mcnemar_exact, paired_gain
 from llm_from_scratch import ppo  # chapter 8's weights_held: the bytes of weights each network holds

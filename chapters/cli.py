@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from llm_from_scratch.checkpoint import CheckpointError, PrerequisiteError  # noqa: E402
+from llm_from_scratch.checkpoint import CheckpointError
+from llm_from_scratch.course import PrerequisiteError, rebuild_hint  # noqa: E402
 
 # the errors bad input causes (the library raises ValueError or FileNotFoundError for those, with a message that
 # names the file, line or flag); anything else keeps its traceback
@@ -54,7 +55,8 @@ def run(main, argv: list[str] | None = None):
     except USER_ERRORS as err:
         if "--debug" in args:
             raise
-        print(f"error: {err}", file=sys.stderr)
+        hint = rebuild_hint(err.folder) if isinstance(err, CheckpointError) else ""  # which chapter remakes it
+        print(f"error: {err}{hint}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None

@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llm_from_scratch.checkpoint import atomic_write_text, finished_run, quick_mode, runs_root  # noqa: E402
+from llm_from_scratch.checkpoint import atomic_write_text
+from llm_from_scratch.course import finished_run, quick_mode, runs_root  # noqa: E402
 
 # (script, the run folder it writes, minutes its real run took in the course run of 2026-12-03 on an idle 2-core CPU:
 # the progress line's estimate)

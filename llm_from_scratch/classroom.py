@@ -46,7 +46,7 @@ STUB = "# YOUR CODE HERE"
 
 # module -> chapter (0: cross-cutting helpers; the appendices A, B, C, D as 11, 12, 13, 14)
 CHAPTER = {
-    "device": 0, "checkpoint": 0, "plots": 0,
+    "device": 0, "checkpoint": 0, "course": 0, "plots": 0,
     "tinyworld": 1, "tokenizer": 1, "data": 1,
     "attention": 2, "model": 3, "generation": 3, "train": 4, "sft": 5, "evaluation": 5, "reward_model": 6,
     "policy_gradient": 7, "ppo": 8, "dpo": 9, "arena": 10,

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from llm_from_scratch.checkpoint import REPO_ROOT, quick_mode, runs_root
+from llm_from_scratch.course import REPO_ROOT, quick_mode, runs_root
 from llm_from_scratch.tokenizer import pad_right
 
 

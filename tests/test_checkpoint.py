@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from llm_from_scratch import checkpoint as ck
+from llm_from_scratch import course
 
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
@@ -93,15 +94,15 @@ def test_metrics_roundtrip_and_errors(tmp_path):
 
 def test_runs_root_quick_and_override(monkeypatch, tmp_path):
     monkeypatch.delenv("LLMFS_RUNS_DIR", raising=False)
-    assert ck.runs_root(quick=False) == ck.REPO_ROOT / "runs"
-    assert ck.runs_root(quick=True) == ck.REPO_ROOT / "runs" / "quick"
+    assert course.runs_root(quick=False) == course.REPO_ROOT / "runs"
+    assert course.runs_root(quick=True) == course.REPO_ROOT / "runs" / "quick"
     monkeypatch.setenv("LLMFS_RUNS_DIR", str(tmp_path))
-    assert ck.runs_root(quick=False) == tmp_path
-    assert ck.runs_root(quick=True) == tmp_path / "quick"  # smoke runs stay in their own folder wherever the runs live
+    assert course.runs_root(quick=False) == tmp_path
+    assert course.runs_root(quick=True) == tmp_path / "quick"  # smoke runs stay in their own folder wherever the runs live
     monkeypatch.setenv("LLMFS_QUICK", "1")
-    assert ck.quick_mode()
+    assert course.quick_mode()
     monkeypatch.setenv("LLMFS_QUICK", "0")
-    assert not ck.quick_mode()
+    assert not course.quick_mode()
 
 
 class Tied(torch.nn.Module):
@@ -129,34 +130,53 @@ def test_checkpoint_errors_name_the_folder_tensor_and_chapter(tmp_path):
     ck.save_model(Tied({"vocab_size": 5}), run, "toy", {"vocab_size": 5})
     with pytest.raises(ck.CheckpointError, match="holds a 'toy' checkpoint, not a 'gpt' one"):
         ck.load_model(run, "gpt", Tied)
-    with pytest.raises(ck.CheckpointError, match=r"vocabulary of 5 tokens but the tokenizer has 6.*ch05_sft\.py"):
+    with pytest.raises(ck.CheckpointError, match=r"vocabulary of 5 tokens but the tokenizer has 6") as err:
         ck.load_model(run, "toy", Tied, vocab_size=6)
+    # checkpoint.py knows files, not chapters: course.py turns the folder at fault into the command that remakes it
+    assert err.value.folder == run and course.rebuild_hint(err.value.folder).endswith("`python chapters/ch05_sft.py --no-resume`")
     weights = run / "model.safetensors"
     full = weights.read_bytes()
     weights.write_bytes(full[: len(full) // 2])  # a copy cut short
-    with pytest.raises(ck.CheckpointError, match=r"model.safetensors is truncated or corrupt.*ch05_sft\.py"):
+    with pytest.raises(ck.CheckpointError, match=r"model.safetensors is truncated or corrupt") as err:
         ck.load_model(run, "toy", Tied)
+    assert err.value.folder == run
     ck.save_tensors(weights, {"embed.weight": torch.zeros(5, 3)})  # the LayerNorm's tensors are missing
     with pytest.raises(ck.CheckpointError, match="has no tensor 'norm.weight'"):
         ck.load_model(run, "toy", Tied)
     (run / "config.json").write_text('{"vocab_size": 5, "n_layer": 4}')  # the format before checkpoints named a kind
-    with pytest.raises(ck.CheckpointError, match=r"older version.*ch05_sft\.py"):
+    with pytest.raises(ck.CheckpointError, match=r"older version") as err:
         ck.load_model(run, "toy", Tied)
+    assert course.rebuild_hint(err.value.folder) == "; rebuild it with `python chapters/ch05_sft.py --no-resume`"
+    assert course.rebuild_hint(tmp_path / "quick" / "dpo" / "last") == "; rebuild it with `python chapters/ch09_dpo.py --quick`"
+    assert course.rebuild_hint(tmp_path / "my_own_run") == ""
+
+
+def test_metrics_are_cut_back_to_the_checkpoint_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    for step in (0, 10, 20, 30, 20):  # a killed run wrote steps 10..30 past its checkpoint of step 20, then resumed
+        ck.append_metrics(path, {"step": step, "loss": float(step)})
+    ck.append_metrics(path, {"note": "no step"})
+    ck.truncate_metrics(path, 20)
+    assert [r.get("step") for r in ck.read_jsonl(path)] == [0, 10, 20, 20, None]
+    ck.truncate_metrics(path, 10)
+    assert [r.get("step") for r in ck.read_jsonl(path)] == [0, 10, None]
+    ck.truncate_metrics(tmp_path / "none.jsonl", 5)  # nothing to cut: no error, no file made
+    assert not (tmp_path / "none.jsonl").exists()
 
 
 def test_prerequisite_refuses_with_the_command_and_never_builds_on_a_quick_run(tmp_path, monkeypatch):
     monkeypatch.setenv("LLMFS_RUNS_DIR", str(tmp_path))
-    with pytest.raises(ck.PrerequisiteError, match="python chapters/ch04_pretrain.py`"):
-        ck.prerequisite("pretrain", quick=False, build=False)
-    with pytest.raises(ck.PrerequisiteError, match="python chapters/ch04_pretrain.py --quick`"):
-        ck.prerequisite("pretrain", quick=True, build=False)
-    ck.write_summary(tmp_path / "quick" / "pretrain", {"steps": 3}, quick=True)
-    assert ck.prerequisite("pretrain", quick=True, build=False) == tmp_path / "quick" / "pretrain"
-    ck.write_summary(tmp_path / "pretrain", {"steps": 3}, quick=True)  # a smoke run where a real one belongs
-    with pytest.raises(ck.PrerequisiteError, match="quick .smoke. run: a real run cannot build on it"):
-        ck.prerequisite("pretrain", quick=False, build=False)
+    with pytest.raises(course.PrerequisiteError, match="python chapters/ch04_pretrain.py`"):
+        course.prerequisite("pretrain", quick=False, build=False)
+    with pytest.raises(course.PrerequisiteError, match="python chapters/ch04_pretrain.py --quick`"):
+        course.prerequisite("pretrain", quick=True, build=False)
+    course.write_summary(tmp_path / "quick" / "pretrain", {"steps": 3}, quick=True)
+    assert course.prerequisite("pretrain", quick=True, build=False) == tmp_path / "quick" / "pretrain"
+    course.write_summary(tmp_path / "pretrain", {"steps": 3}, quick=True)  # a smoke run where a real one belongs
+    with pytest.raises(course.PrerequisiteError, match="quick .smoke. run: a real run cannot build on it"):
+        course.prerequisite("pretrain", quick=False, build=False)
     ck.atomic_write_text(tmp_path / "pretrain" / "summary.json", '{"steps": 3}')  # older runs did not say
-    with pytest.raises(ck.PrerequisiteError, match="does not record whether it was quick"):
-        ck.require_real(tmp_path / "pretrain" / "last", quick=False)
-    ck.write_summary(tmp_path / "pretrain", {"steps": 1200}, quick=False)
-    assert ck.prerequisite("pretrain", quick=False, build=False) == tmp_path / "pretrain"
+    with pytest.raises(course.PrerequisiteError, match="does not record whether it was quick"):
+        course.require_real(tmp_path / "pretrain" / "last", quick=False)
+    course.write_summary(tmp_path / "pretrain", {"steps": 1200}, quick=False)
+    assert course.prerequisite("pretrain", quick=False, build=False) == tmp_path / "pretrain"
