@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llm_from_scratch import tinyworld  # noqa: E402
+from llm_from_scratch import preferences  # noqa: E402
 from llm_from_scratch.checkpoint import atomic_write_text, load_tensors, save_tensors
 from llm_from_scratch.course import runs_root, shown  # noqa: E402
 from llm_from_scratch.device import pick_device  # noqa: E402
@@ -66,7 +66,7 @@ def parse_args(argv=None):
 
 def data(n_batches: int, pairs: int) -> tuple[Tokenizer, list[list[dict]]]:
     """A tokenizer trained here on the tiny world's pairs (seconds), and n_batches batches of real pairs."""
-    rows = tinyworld.preference_pairs(n_batches * pairs + 200, seed="bench_dpo")
+    rows = preferences.preference_pairs(n_batches * pairs + 200, seed="bench_dpo")
     text = "\n".join(p["prompt"] + " " + p["chosen"] + " " + p["rejected"] for p in rows[:200])
     tok = Tokenizer.train(text, 512)
     return tok, [rows[200 + i * pairs:200 + (i + 1) * pairs] for i in range(n_batches)]
@@ -203,12 +203,14 @@ def main(argv=None) -> None:
     sp = speed(args)
     mem = memory(args, args.out)
     mb = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
-    print(f"\n{sp['params'] / 1e6:.1f} M parameters, {sp['rows_per_step']} rows of up to {sp['tokens_per_row']} tokens per step"
+    print(f"\n{sp['params'] / 1e6:.1f} M parameters, {sp['rows_per_step']} rows of up to {sp['tokens_per_row']} "
+          "tokens per step"
           f"\nsteps per second: cached {1 / sp['fastest']['cached']:.3f}, live {1 / sp['fastest']['live']:.3f}; "
           f"cached is {sp['speedup']:.2f}x as fast (fastest of {args.rounds} rounds; the ideal is about 1.33x)"
           f"\npeak memory over the baseline ({'CUDA allocated' if device.type == 'cuda' else 'CPU resident set'}): "
           f"live {mb(mem['live']['rise'])}, cached {mb(mem['cached']['rise'])}; saving {mb(mem['saving_bytes'])} = "
-          f"{mem['saving_share_of_reference_weights']:.0%} of the reference's {mb(mem['reference_weight_bytes'])} of weights")
+          f"{mem['saving_share_of_reference_weights']:.0%} of the reference's "
+          f"{mb(mem['reference_weight_bytes'])} of weights")
     result = {"preset": args.preset, "pairs": args.pairs, "device": str(device), "threads": torch_threads,
               "speed": sp, "memory": mem, "command": "python benchmarks/bench_dpo.py " + " ".join(sys.argv[1:])}
     atomic_write_text(args.out / "result.json", json.dumps(result, indent=2))

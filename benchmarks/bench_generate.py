@@ -75,7 +75,8 @@ def against(args) -> None:
     """This checkout vs another, alternating fresh processes."""
     other = Path(args.against).resolve()
     if not (other / "llm_from_scratch" / "generation.py").is_file():
-        sys.exit(f"--against {args.against}: no llm_from_scratch/generation.py there (make one: git worktree add {args.against} <commit>)")
+        sys.exit(f"--against {args.against}: no llm_from_scratch/generation.py there "
+                 f"(make one: git worktree add {args.against} <commit>)")
     print(f"this checkout: {HERE}\nagainst:       {other}\n{args.new_tokens} new tokens, KV cache, the fastest of "
           f"{args.rounds} rounds x {args.reps} runs each, the two sides alternating")
     print(f"{'kind':>8s} {'batch':>5s} {'before tok/s':>12s} {'after tok/s':>12s} {'speedup':>8s}  same tokens")
@@ -89,7 +90,8 @@ def against(args) -> None:
                     cmd = [sys.executable, __file__, "--worker", str(root), "--kind", kind, "--batches", str(B),
                            "--reps", str(args.reps), "--new-tokens", str(args.new_tokens),
                            "--prompt-tokens", str(args.prompt_tokens)]
-                    r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+                    r = json.loads(subprocess.run(cmd, check=True, capture_output=True,
+                                                  text=True).stdout.splitlines()[-1])
                     best[side] = min(best[side], r["seconds"])
                     tokens[side] = r["tokens"]
             n = B * args.new_tokens
@@ -103,8 +105,10 @@ def cache_vs_full(args) -> None:
     """The KV cache against re-running the whole context, greedy (the tokens must agree)."""
     from llm_from_scratch.generation import generate
 
-    print(f"prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy, CPU threads {torch.get_num_threads()}")
-    print(f"{'batch':>5s} {'no cache (s)':>12s} {'KV cache (s)':>12s} {'tokens/s (cache)':>16s} {'speedup':>8s}  same tokens")
+    print(f"prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy, "
+          f"CPU threads {torch.get_num_threads()}")
+    print(f"{'batch':>5s} {'no cache (s)':>12s} {'KV cache (s)':>12s} {'tokens/s (cache)':>16s} "
+          f"{'speedup':>8s}  same tokens")
     for B in args.batches:
         model, prompts = setup(HERE, B, "greedy", args.prompt_tokens)
         t_cache, seq_cache = timed(generate, model, prompts, args.new_tokens, "greedy", True, args.reps)

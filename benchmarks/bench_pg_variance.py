@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llm_from_scratch import tinyworld  # noqa: E402
+from llm_from_scratch import dataset_files, gold_rewards  # noqa: E402
 from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, runs_root, shown  # noqa: E402
 from llm_from_scratch.data import tinyworld_dir  # noqa: E402
@@ -92,13 +92,14 @@ def main() -> None:
     sft = prerequisite("sft", args.quick)
     tok = Tokenizer.load(sft)
     policy = load_gpt(sft, vocab_size=tok.vocab_size, dropout=0.0)
-    paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **(tinyworld.QUICK_SIZES if args.quick else {}))
+    sizes = dataset_files.QUICK_SIZES if args.quick else {}
+    paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
     kind, task = ("verifiable", "word_problem") if args.task == "word-problems" else ("stories", "story")
     rows = [p for p in read_jsonl(paths[f"rl_{kind}"]) if p["task"] == task][: args.prompts]
     by_prompt = {p["prompt"]: p for p in rows}
 
     def gold(prompts, completions):
-        return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
+        return [gold_rewards.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
 
     score = gold
     if args.reward == "rm":
@@ -132,10 +133,10 @@ def main() -> None:
     seconds, mean_reward = time.perf_counter() - t0, sum(past_means) / len(past_means)
     zero_share = zero_std / (args.batches * args.prompts)
     print(f"\n{args.task}: {args.batches} rollout batches of {args.prompts} prompts x {args.k} samples at T = "
-          f"{args.temperature} in {seconds:.0f} s; mean reward {mean_reward:.3f}; {zero_share:.0%} of the groups had one "
-          f"reward for all samples")
-    print(f"{'estimator':20s} {'total variance':>15s} {'vs reinforce':>12s} {'along the mean':>15s} {'vs reinforce':>12s} "
-          f"{'noise/signal':>13s}")
+          f"{args.temperature} in {seconds:.0f} s; mean reward {mean_reward:.3f}; {zero_share:.0%} of the groups "
+          f"had one reward for all samples")
+    print(f"{'estimator':20s} {'total variance':>15s} {'vs reinforce':>12s} {'along the mean':>15s} "
+          f"{'vs reinforce':>12s} {'noise/signal':>13s}")
     ratio = lambda a, b: a / b if b > 0 else float("nan")  # noqa: E731  (a smoke run's rewards can all be 0)
     ref_total, ref_proj = stacked["reinforce"].var(dim=0).sum().item(), (stacked["reinforce"] @ direction).var().item()
     results = {}
@@ -147,7 +148,8 @@ def main() -> None:
         print(f"{name:20s} {total:15.4g} {ratio(total, ref_total):11.2f}x {proj:15.4g} {ratio(proj, ref_proj):11.2f}x "
               f"{noise:13.3g}")
     r, n2 = torch.tensor([x for x, _ in norms]), torch.tensor([y for _, y in norms])
-    best_b = (r * n2).sum().item() / max(n2.sum().item(), 1e-30)  # argmin_b E[(R - b)^2 |g|^2]: the best constant baseline
+    # argmin_b E[(R - b)^2 |g|^2]: the best constant baseline
+    best_b = (r * n2).sum().item() / max(n2.sum().item(), 1e-30)
     binary = args.task == "word-problems"  # 0/1 rewards: right and wrong; otherwise the better and the worse half
     high = r > 0.5 if binary else r > r.median()
     by_reward = {"high": n2[high].mean().item() if high.any() else float("nan"),
@@ -157,7 +159,8 @@ def main() -> None:
         f"{'wrong' if binary else 'worse half'} ones; ")
     print(f"per-sample |∇ log π(y)|^2 over {len(norms)} samples: {split}the best constant baseline "
           f"E[R |g|^2] / E[|g|^2] = {best_b:.3f} (the mean reward is {r.mean().item():.3f})")
-    name = args.task if args.reward == ("gold" if args.task == "word-problems" else "rm") else f"{args.task}_{args.reward}"
+    name = (args.task if args.reward == ("gold" if args.task == "word-problems" else "rm")
+            else f"{args.task}_{args.reward}")
     out = runs_root(args.quick) / "bench_pg_variance" / f"{name}.json"
     atomic_write_text(out, json.dumps({"task": args.task, "reward": args.reward, "batches": args.batches,
                                        "prompts": args.prompts, "k": args.k, "temperature": args.temperature,

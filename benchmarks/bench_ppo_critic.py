@@ -29,13 +29,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llm_from_scratch import tinyworld  # noqa: E402
+from llm_from_scratch import dataset_files  # noqa: E402
 from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, runs_root, shown  # noqa: E402
 from llm_from_scratch.data import tinyworld_dir  # noqa: E402
 from llm_from_scratch.policy_gradient import rollout  # noqa: E402
-from llm_from_scratch.ppo import (AdaptiveKLController, PolicyValue, PPOConfig, make_optimizer, ppo_step,  # noqa: E402
-                                  weights_held)
+from llm_from_scratch.ppo import (  # noqa: E402
+    AdaptiveKLController,
+    PolicyValue,
+    PPOConfig,
+    make_optimizer,
+    ppo_step,
+    weights_held,
+)
 from llm_from_scratch.reward_model import RewardModel, reward_fn  # noqa: E402
 from llm_from_scratch.tokenizer import Tokenizer  # noqa: E402
 from llm_from_scratch.train import load_gpt  # noqa: E402
@@ -65,7 +71,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     sft, rm_dir = prerequisite("sft"), prerequisite("reward_model")
     tok = Tokenizer.load(sft)
-    paths = tinyworld.ensure_datasets(tinyworld_dir(False), seed=0)
+    paths = dataset_files.ensure_datasets(tinyworld_dir(False), seed=0)
     prompts = [p for p in read_jsonl(paths["rl_stories"]) if p["task"] == "story"][: args.samples]
     sampler = load_gpt(sft, vocab_size=tok.vocab_size, dropout=0.0)
     rm = RewardModel.load(rm_dir, vocab_size=tok.vocab_size).requires_grad_(False)
@@ -74,7 +80,8 @@ def main() -> None:
                  temperature=1.0, generator=torch.Generator().manual_seed(0))
     rollout_s = time.perf_counter() - t0
     tokens = int(ro.mask.sum())
-    print(f"one rollout batch: {args.samples} stories, {tokens} completion tokens, sampled and scored in {rollout_s:.2f} s "
+    print(f"one rollout batch: {args.samples} stories, {tokens} completion tokens, "
+          f"sampled and scored in {rollout_s:.2f} s "
           f"({', '.join(f'{k} {v:.2f} s' for k, v in ro.seconds.items())}); {torch.get_num_threads()} threads")
 
     seconds = {"separate": [], "shared": []}
@@ -97,7 +104,8 @@ def main() -> None:
     for name in names:
         cells = []
         for kind in ("separate", "shared"):
-            row = memory[kind].get(name) or (memory[kind].get("policy (with the value head)") if name == "policy" else None)
+            row = memory[kind].get(name) or (memory[kind].get("policy (with the value head)") if name == "policy"
+                                             else None)
             cells.append(f"{row['params'] / 1e6:.3f} M ({row['bytes'] / 2 ** 20:.2f} MiB)" if row else "–")
         print(f"| {name}: parameters (bytes) | {cells[0]} | {cells[1]} |")
     totals = {k: sum(v["bytes"] for v in m.values()) for k, m in memory.items()}

@@ -24,7 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llm_from_scratch import tinyworld  # noqa: E402
+from llm_from_scratch import dataset_files  # noqa: E402
+from llm_from_scratch.checkpoint import read_jsonl  # noqa: E402
 from llm_from_scratch.data import preference_collate, tinyworld_dir  # noqa: E402
 from llm_from_scratch.model import GPT, GPTConfig  # noqa: E402
 from llm_from_scratch.reward_model import RewardModel, bradley_terry_loss, encode_pairs, score_rows  # noqa: E402
@@ -39,7 +40,8 @@ def one_batch(rm: RewardModel, pairs: list, pad_id: int) -> tuple[torch.Tensor, 
 def chunked(rm: RewardModel, pairs: list, pad_id: int, chunk_rows: int) -> tuple[torch.Tensor, int]:
     rows = [c for c, _ in pairs] + [r for _, r in pairs]
     lengths = sorted(len(r) for r in rows)
-    padded = sum(max(lengths[k:k + chunk_rows]) * len(lengths[k:k + chunk_rows]) for k in range(0, len(rows), chunk_rows))
+    padded = sum(max(lengths[k:k + chunk_rows]) * len(lengths[k:k + chunk_rows])
+                 for k in range(0, len(rows), chunk_rows))
     return score_rows(rm, rows, pad_id, chunk_rows), padded
 
 
@@ -67,8 +69,8 @@ def main(argv=None):
     if args.steps < 1 or args.batch_size < 1 or args.chunk_rows < 1:
         ap.error("--steps, --batch-size and --chunk-rows must be at least 1")
     torch.manual_seed(0)
-    paths = tinyworld.ensure_datasets(tinyworld_dir(False), seed=0)
-    rows = tinyworld.read_jsonl(paths["preferences_train"])
+    paths = dataset_files.ensure_datasets(tinyworld_dir(False), seed=0)
+    rows = read_jsonl(paths["preferences_train"])
     tok = Tokenizer.train("".join(r["prompt"] + " " + r["chosen"] + " " for r in rows[:3000]), 768)
     rm = RewardModel(GPT(GPTConfig.preset("tiny", vocab_size=tok.vocab_size)))
     pairs = encode_pairs(tok, rows[:5000], rm.gpt.config.context_length)

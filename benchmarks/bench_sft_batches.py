@@ -22,7 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llm_from_scratch import tinyworld  # noqa: E402
+from llm_from_scratch import dataset_files  # noqa: E402
+from llm_from_scratch.checkpoint import read_jsonl  # noqa: E402
 from llm_from_scratch.data import tinyworld_dir  # noqa: E402
 from llm_from_scratch.model import GPT, GPTConfig  # noqa: E402
 from llm_from_scratch.sft import SFTBatches  # noqa: E402
@@ -51,8 +52,8 @@ def main(argv=None):
     ap.add_argument("--group", type=int, default=16, help="the grouped setting's group (default 16, SFTBatches')")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
-    paths = tinyworld.ensure_datasets(tinyworld_dir(False), seed=0)
-    rows = tinyworld.read_jsonl(paths["sft_train"])
+    paths = dataset_files.ensure_datasets(tinyworld_dir(False), seed=0)
+    rows = read_jsonl(paths["sft_train"])
     tok = Tokenizer.train("".join(r["prompt"] + " " + r["response"] + " " for r in rows[:3000]), 768)
     model = GPT(GPTConfig.preset("tiny", vocab_size=tok.vocab_size))
     results = {}

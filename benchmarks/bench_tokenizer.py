@@ -6,7 +6,7 @@
 2. Encoding throughput: tiktoken (Rust) against our pure-Python reference encoder, same ranks, same
    pattern, same tokens (checked).
 
-    python benchmarks/bench_tokenizer.py                    # ~1 MB of the Python stdlib, vocab 4096 (naive: many minutes)
+    python benchmarks/bench_tokenizer.py   # ~1 MB of the Python stdlib, vocab 4096 (naive: many minutes)
     python benchmarks/bench_tokenizer.py --chars 100000 --vocab-size 1024   # a quick look
 """
 

@@ -98,9 +98,10 @@ def main() -> None:
     for name in args.shapes:
         shape = SHAPES[name]
         c = shape["cfg"]
-        print(f"\n({name}) {c['n_layer']} layers, {c['n_head']} heads, {c['n_embd']} dims, context {c['context_length']}, "
-              f"vocab {c['vocab_size']}, batch {shape['batch']}")
-        print(f"{'attention':9s} {'precision':9s} {'mode':8s} {'tokens/s':>10s} {'GFLOP/s':>8s} {'MFU':>6s} {'vs fp32 eager explicit':>23s}")
+        print(f"\n({name}) {c['n_layer']} layers, {c['n_head']} heads, {c['n_embd']} dims, "
+              f"context {c['context_length']}, vocab {c['vocab_size']}, batch {shape['batch']}")
+        print(f"{'attention':9s} {'precision':9s} {'mode':8s} {'tokens/s':>10s} {'GFLOP/s':>8s} {'MFU':>6s} "
+              f"{'vs fp32 eager explicit':>23s}")
         base = None
         for compile_ in ([False] if args.no_compile else [False, True]):
             for prec in (["fp32"] if args.no_bf16 else ["fp32", "bf16"]):
@@ -108,10 +109,11 @@ def main() -> None:
                     dtype = torch.bfloat16 if prec == "bf16" else None
                     if prec == "bf16" and peak["bf16"] < 0.5 * peak["fp32"]:
                         # this processor emulates bf16 matmuls: a training step would take minutes and cannot win
-                        print(f"{impl:9s} {prec:9s} {'compile' if compile_ else 'eager':8s} skipped: bf16 torch.mm runs at "
-                              f"{peak['bf16'] / peak['fp32']:.0%} of fp32 speed on this device")
+                        print(f"{impl:9s} {prec:9s} {'compile' if compile_ else 'eager':8s} skipped: "
+                              f"bf16 torch.mm runs at {peak['bf16'] / peak['fp32']:.0%} of fp32 speed on this device")
                         continue
-                    tps, gflops = bench_setting(shape, impl, dtype, compile_, device, args.steps, warmup=3 if compile_ else 2)
+                    tps, gflops = bench_setting(shape, impl, dtype, compile_, device, args.steps,
+                                                warmup=3 if compile_ else 2)
                     base = base or tps
                     print(f"{impl:9s} {prec:9s} {'compile' if compile_ else 'eager':8s} {tps:10,.0f} {gflops:8.1f} "
                           f"{gflops / peak[prec]:6.1%} {tps / base:22.2f}x", flush=True)

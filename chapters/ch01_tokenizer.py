@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
 import regex  # noqa: E402
 
-from llm_from_scratch import tinyworld  # noqa: E402
+import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
+from llm_from_scratch import dataset_files, tinyworld  # noqa: E402
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text
 from llm_from_scratch.course import quick_mode, runs_root, shown, start_run, write_summary  # noqa: E402
 from llm_from_scratch.data import python_stdlib_text, read_text, tinyworld_dir  # noqa: E402
@@ -46,9 +46,11 @@ WORD = regex.compile(r" ?\p{L}+")  # a word as the split pattern sees it (with i
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help=f"tokens in all, the 4 special ones included (default {DEFAULT_VOCAB})")
+    ap.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB,
+                    help=f"tokens in all, the 4 special ones included (default {DEFAULT_VOCAB})")
     ap.add_argument("--train-text", type=Path, help="train the tokenizer on this UTF-8 file instead of the tiny world")
-    ap.add_argument("--text", type=Path, help="real text to measure bytes/token on (default: the Python standard library's sources)")
+    ap.add_argument("--text", type=Path,
+                    help="real text to measure bytes/token on (default: the Python standard library's sources)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the tiny world (default 0)")
     ap.add_argument("--out", type=Path, help="output folder (default: runs/tokenizer)")
     ap.add_argument("--quick", action="store_true", help="a smoke run on tiny data (also LLMFS_QUICK=1)")
@@ -57,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     if args.vocab_size < 256 + len(SPECIAL_TOKENS):
-        ap.error(f"--vocab-size {args.vocab_size}: must be at least {256 + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
+        ap.error(f"--vocab-size {args.vocab_size}: must be at least {256 + len(SPECIAL_TOKENS)} "
+                 f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
     return args
 
 
@@ -79,13 +82,13 @@ def main(argv=None) -> dict:
     say = print
 
     # 1. the tiny world ------------------------------------------------------------------------
-    sizes = tinyworld.QUICK_SIZES if args.quick else {}
+    sizes = dataset_files.QUICK_SIZES if args.quick else {}
     t0 = time.perf_counter()
-    paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=args.seed, **sizes)
+    paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=args.seed, **sizes)
     meta = json.loads(paths["pretrain_meta"].read_text())["splits"]
     say(f"tiny world: {paths['pretrain_train'].parent} ready in {time.perf_counter() - t0:.1f}s")
-    train_docs = tinyworld.load_pretraining(paths["pretrain_train"])
-    val_docs = tinyworld.load_pretraining(paths["pretrain_val"])
+    train_docs = dataset_files.load_pretraining(paths["pretrain_train"])
+    val_docs = dataset_files.load_pretraining(paths["pretrain_val"])
     train_text = paths["pretrain_train"].read_text(encoding="utf-8")
     val_text = paths["pretrain_val"].read_text(encoding="utf-8")
     vocab_words = len(tinyworld.vocabulary())
@@ -112,7 +115,8 @@ def main(argv=None) -> dict:
     ranks = {b: r for b, r in all_ranks.items() if r < args.vocab_size - len(SPECIAL_TOKENS)}
     tok = Tokenizer.from_ranks(ranks, pattern=COURSE_SPLIT_PATTERN)
 
-    first = [tok.token_bytes(r).decode("utf-8", errors="replace").replace(" ", "·") for r in range(256, min(286, 256 + len(merges)))]
+    first = [tok.token_bytes(r).decode("utf-8", errors="replace").replace(" ", "·")
+             for r in range(256, min(286, 256 + len(merges)))]
     merges_plot(first, [c for _, c in merges[: len(first)]], out / "first_merges.png")
     say("first merges: " + "  ".join(first[:15]))
 
@@ -123,7 +127,8 @@ def main(argv=None) -> dict:
     sweep = sorted({v for v in SWEEP if v < saturated} | {min(saturated, SWEEP[-1]), tok.vocab_size})
     rows = []
     for v in sweep:
-        sub = Tokenizer.from_ranks({b: r for b, r in all_ranks.items() if r < v - len(SPECIAL_TOKENS)}, pattern=COURSE_SPLIT_PATTERN)
+        sub = Tokenizer.from_ranks({b: r for b, r in all_ranks.items() if r < v - len(SPECIAL_TOKENS)},
+                                   pattern=COURSE_SPLIT_PATTERN)
         rows.append({
             "vocab_size": v,
             "tinyworld_bytes_per_token": bytes_per_token(sub, val_plain),
@@ -131,11 +136,14 @@ def main(argv=None) -> dict:
             "single_token_words": single_token_word_fraction(val_plain, sub.ranks),
         })
     line_plot([r["vocab_size"] for r in rows],
-              {"tiny world (val)": [r["tinyworld_bytes_per_token"] for r in rows], real_name: [r["real_bytes_per_token"] for r in rows]},
-              "vocabulary size", "bytes per token", "Compression against vocabulary size", out / "vocab_sweep.png", logx=True)
+              {"tiny world (val)": [r["tinyworld_bytes_per_token"] for r in rows],
+               real_name: [r["real_bytes_per_token"] for r in rows]},
+              "vocabulary size", "bytes per token", "Compression against vocabulary size", out / "vocab_sweep.png",
+              logx=True)
     say("vocab  bytes/token(tiny world)  bytes/token(real)  words that are one token")
     for r in rows:
-        say(f"{r['vocab_size']:5d}  {r['tinyworld_bytes_per_token']:22.2f}  {r['real_bytes_per_token']:17.2f}  {r['single_token_words']:9.1%}")
+        say(f"{r['vocab_size']:5d}  {r['tinyworld_bytes_per_token']:22.2f}  {r['real_bytes_per_token']:17.2f}  "
+            f"{r['single_token_words']:9.1%}")
 
     # 4. the entropy floor in nats per token of THIS tokenizer -----------------------------------
     n_val_tokens = len(tok.encode(val_text, allowed_special={EOS_TOKEN}))
@@ -153,18 +161,21 @@ def main(argv=None) -> dict:
         t_tt = time.perf_counter() - t0
         if ours != theirs:
             raise RuntimeError(f"MISMATCH on {name}: the pure-Python encoder and tiktoken disagree")
-        say(f"pure-Python encoder == tiktoken on {name}: {len(ours):,} tokens identical (tiktoken {t_py / t_tt:.0f}x faster)")
+        say(f"pure-Python encoder == tiktoken on {name}: {len(ours):,} tokens identical "
+            f"(tiktoken {t_py / t_tt:.0f}x faster)")
 
     # 6. save ----------------------------------------------------------------------------------
     tok.save(out)
     row = next((r for r in rows if r["vocab_size"] == tok.vocab_size), None) or {
-        "tinyworld_bytes_per_token": bytes_per_token(tok, val_plain), "real_bytes_per_token": bytes_per_token(tok, real_text),
+        "tinyworld_bytes_per_token": bytes_per_token(tok, val_plain),
+        "real_bytes_per_token": bytes_per_token(tok, real_text),
         "single_token_words": single_token_word_fraction(val_plain, tok.ranks)}
     summary = {
         "vocab_size": tok.vocab_size, "bpe_train_seconds": train_seconds, "tinyworld_words": vocab_words,
         "tinyworld_train_chars": len(train_text), "tinyworld_generation_seconds": meta["train"].get("seconds"),
         "entropy_floor_nats_per_char": meta["val"]["nats_per_char"], "entropy_floor_nats_per_token": floor,
-        "tinyworld_bytes_per_token": row["tinyworld_bytes_per_token"], "real_bytes_per_token": row["real_bytes_per_token"],
+        "tinyworld_bytes_per_token": row["tinyworld_bytes_per_token"],
+        "real_bytes_per_token": row["real_bytes_per_token"],
         "real_text": real_name, "single_token_words": row["single_token_words"], "quick": args.quick,
     }
     append_metrics(out / "metrics.jsonl", summary)
@@ -179,12 +190,15 @@ def report(s: dict, rows: list[dict], real_name: str) -> str:
     lines = [
         "## Chapter 1: the tiny world and the tokenizer", "",
         f"- tiny world: {s['tinyworld_words']} distinct words, {s['tinyworld_train_chars']:,} chars of training text",
-        f"- entropy floor: {s['entropy_floor_nats_per_char']:.4f} nats/char = {s['entropy_floor_nats_per_token']:.4f} nats/token",
+        f"- entropy floor: {s['entropy_floor_nats_per_char']:.4f} nats/char = "
+        f"{s['entropy_floor_nats_per_token']:.4f} nats/token",
         f"- tokenizer: {s['vocab_size']} tokens, trained in {s['bpe_train_seconds']:.1f}s; "
-        f"{s['tinyworld_bytes_per_token']:.2f} bytes/token on the tiny world, {s['real_bytes_per_token']:.2f} on {real_name}", "",
+        f"{s['tinyworld_bytes_per_token']:.2f} bytes/token on the tiny world, "
+        f"{s['real_bytes_per_token']:.2f} on {real_name}", "",
         "| vocab | bytes/token (tiny world) | bytes/token (real) | one-token words |", "|---:|---:|---:|---:|",
     ]
-    lines += [f"| {r['vocab_size']} | {r['tinyworld_bytes_per_token']:.2f} | {r['real_bytes_per_token']:.2f} | {r['single_token_words']:.1%} |" for r in rows]
+    lines += [f"| {r['vocab_size']} | {r['tinyworld_bytes_per_token']:.2f} | {r['real_bytes_per_token']:.2f} | "
+              f"{r['single_token_words']:.1%} |" for r in rows]
     lines += ["", "![first merges](tokenizer/first_merges.png)", "![vocab sweep](tokenizer/vocab_sweep.png)", ""]
     return "\n".join(lines)
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import cli  # noqa: E402  chapters/cli.py: one-line errors at the terminal
 from llm_from_scratch import tinyworld  # noqa: E402
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text
 from llm_from_scratch.course import (  # noqa: E402
@@ -60,12 +60,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto",
                     help=f"one of {', '.join(DEVICE_CHOICES)} (default auto: cuda, then mps, then cpu)")
     ap.add_argument("--threads", type=int, default=0,
-                    help="CPU threads (default 0 = PyTorch's default); 1 steadies the timings on a busy machine, where a "
-                         "thread waiting for a core stalls every step")
+                    help="CPU threads (default 0 = PyTorch's default); 1 steadies the timings on a busy machine, "
+                         "where a thread waiting for a core stalls every step")
     ap.add_argument("--seed", type=int, default=0, help="seed of the model initialisation and the sampling (default 0)")
     ap.add_argument("--out", type=Path, help="output folder (default: runs/gpt)")
     ap.add_argument("--quick", action="store_true", help="a smoke run with fewer tokens (also LLMFS_QUICK=1)")
-    ap.add_argument("--quiet", action="store_true", help="no progress bars (this chapter has none; accepted like every chapter)")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bars (this chapter has none; accepted like every chapter)")
     ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
@@ -99,7 +100,8 @@ def param_breakdown(model: GPT) -> dict[str, int]:
         "all blocks (n_layer x per block)": count(model.blocks),
         "final LayerNorm": count(model.ln_f),
         # parameters() yields a shared tensor once, so the tied head adds nothing here
-        "LM head (extra, beyond the tied matrix)": count(model) - sum(count(m) for m in (model.wte, model.wpe, model.blocks, model.ln_f)),
+        "LM head (extra, beyond the tied matrix)":
+            count(model) - sum(count(m) for m in (model.wte, model.wpe, model.blocks, model.ln_f)),
     }
     parts["total"] = model.num_params()
     parts["non-embedding"] = model.num_params(non_embedding=True)
@@ -209,14 +211,16 @@ def main(argv=None) -> dict:
         if by_hand != parts["total"]:
             raise SystemExit(f"MISMATCH: {name} has {parts['total']:,} parameters but the formula says {by_hand:,}")
         counts[name], flops[name] = parts, m.flops_per_token()
-        say(f"\n{name}: vocab {c.vocab_size:,}, context {c.context_length}, {c.n_layer} layers, {c.n_head} heads, width {c.n_embd}")
+        say(f"\n{name}: vocab {c.vocab_size:,}, context {c.context_length}, {c.n_layer} layers, {c.n_head} heads, "
+            f"width {c.n_embd}")
         for label, n in parts.items():
             say(f"  {label:42s} {n:>13,}")
         n_matmul = m.num_params(non_embedding=True) + c.vocab_size * c.n_embd  # the matrices every token multiplies
         attn = 12 * c.n_layer * c.n_embd * c.context_length
         say(f"  = V C + T C + L (12 C^2 + 13 C) + 2 C = {by_hand:,} (the formula agrees)")
-        say(f"  training FLOPs/token at T={c.context_length}: 6 N + 12 L C T = 6 x {n_matmul:,} + {attn:,} = {flops[name]:.3e} "
-            f"(attention scores {attn / flops[name]:.0%}); generating costs about a third: {flops[name] / 3:.2e}")
+        say(f"  training FLOPs/token at T={c.context_length}: 6 N + 12 L C T = 6 x {n_matmul:,} + {attn:,} = "
+            f"{flops[name]:.3e} (attention scores {attn / flops[name]:.0%}); "
+            f"generating costs about a third: {flops[name] / 3:.2e}")
     c124 = configs["gpt2-124m"]
     say(f"\nGPT-2 small: {counts['gpt2-124m']['total']:,} parameters with the tied head "
         f"(the 124M of the GPT-2 release; an untied head would add {c124.vocab_size * c124.n_embd:,})")
@@ -228,7 +232,8 @@ def main(argv=None) -> dict:
     for i, t in enumerate(TOY_TOKENS):
         say(f"  {t:>6s} " + " ".join(f"{float(p[i]):15.3f}" for p in toy.values()))
     say(f"  {'H':>6s} " + " ".join(f"{entropy(p):15.3f}" for p in toy.values()) + "   (entropy, nats)")
-    say(f"  {'kept':>6s} " + " ".join(f"{int((p > 0).sum()):15d}" for p in toy.values()) + "   (tokens that can be drawn)")
+    say(f"  {'kept':>6s} " + " ".join(f"{int((p > 0).sum()):15d}" for p in toy.values())
+        + "   (tokens that can be drawn)")
     sampling_plot(TOY_TOKENS, toy, out / "sampling.png")
 
     # sample_next must draw from exactly these distributions: count many draws
@@ -248,13 +253,15 @@ def main(argv=None) -> dict:
     untrained = generate(model, [prompt_ids], 24, temperature=1.0, generator=gen.manual_seed(args.seed))
     say(f"\nan untrained {args.preset} GPT ({model.num_params():,} parameters) continues {PROMPT!r} with noise:")
     say(f"  {tok.decode(untrained.completions()[0])!r}")
-    say(f"  (at initialisation every logit is close to 0, so the loss is about ln {tok.vocab_size} = {math.log(tok.vocab_size):.2f} nats)")
+    say(f"  (at initialisation every logit is close to 0, so the loss is about ln {tok.vocab_size} = "
+        f"{math.log(tok.vocab_size):.2f} nats)")
 
     pretrain = root / "pretrain"
     samples = {}
     if finished_run(pretrain) is not None:  # optional: chapter 4 comes later in the course
         trained = load_gpt(pretrain, device=device, vocab_size=tok.vocab_size)
-        say(f"\nthe pretrained model of chapter 4 ({pretrain}, {trained.num_params():,} parameters) continues {PROMPT!r}:")
+        say(f"\nthe pretrained model of chapter 4 ({pretrain}, {trained.num_params():,} parameters) "
+            f"continues {PROMPT!r}:")
         strategies = {"greedy": dict(temperature=0), "T=0.8": dict(temperature=0.8),
                       "top-k 10": dict(temperature=1.0, top_k=10), "top-p 0.9": dict(temperature=1.0, top_p=0.9)}
         n_new = min(60, trained.config.context_length - len(prompt_ids))
@@ -273,7 +280,8 @@ def main(argv=None) -> dict:
     ids, mask = left_pad(rows, tok.pad_id)
     with torch.no_grad():
         batched = model(ids.to(device), attention_mask=mask.to(device))  # (3, 16, V)
-        pad_diff = max(float((batched[i, ids.size(1) - len(r):] - model(torch.tensor([r], device=device))[0]).abs().max())
+        pad_diff = max(float((batched[i, ids.size(1) - len(r):]
+                              - model(torch.tensor([r], device=device))[0]).abs().max())
                        for i, r in enumerate(rows))
     say(f"\nleft padding: prompts of {[len(r) for r in rows]} tokens padded to {ids.size(1)}; "
         f"largest |logit difference| against each prompt alone = {pad_diff:.2e}")
@@ -281,7 +289,8 @@ def main(argv=None) -> dict:
     # 5. the KV cache -------------------------------------------------------------------------------
     n_points = (8, 16, 32) if args.quick else (16, 32, 64, 128)
     batches = (1, 8)
-    prompts = [ids[:16] for ids in map(tok.encode, docs) if len(ids) >= 16][:max(batches)]  # 16-token prompts of real text
+    # 16-token prompts of real text
+    prompts = [ids[:16] for ids in map(tok.encode, docs) if len(ids) >= 16][:max(batches)]
     say(f"\nKV cache: greedy generation from 16-token prompts, {args.preset} GPT on {device}, best of 2 runs")
     say(f"  {'batch':>5s} {'new tokens':>10s} {'cache (s)':>10s} {'no cache (s)':>12s} {'speedup':>8s}  same tokens")
     times = {(b, uc): [] for b in batches for uc in (True, False)}
@@ -293,7 +302,8 @@ def main(argv=None) -> dict:
             t_full, g_full = timed_generate(model, prompts[:b], n, False, device, repeats=2)
             same = torch.equal(g_cache.sequences, g_full.sequences)
             if not same:
-                raise SystemExit(f"MISMATCH: with and without the KV cache, greedy generation differs (batch {b}, {n} tokens)")
+                raise SystemExit(f"MISMATCH: with and without the KV cache, greedy generation differs "
+                                 f"(batch {b}, {n} tokens)")
             times[(b, True)].append(t_cache)
             times[(b, False)].append(t_full)
             say(f"  {b:5d} {n:10d} {t_cache:10.3f} {t_full:12.3f} {t_full / t_cache:7.1f}x  {same}")
@@ -303,7 +313,8 @@ def main(argv=None) -> dict:
     speedup = {b: times[(b, False)][-1] / times[(b, True)][-1] for b in batches}
     n_max = n_points[-1]
     say(f"  at {n_max} new tokens the cache is {speedup[1]:.1f}x faster at batch 1 and {speedup[8]:.1f}x at batch 8")
-    say(f"  its memory: {kv_cache_bytes(config, 1, 16 + n_max) / 1e6:.2f} MB here (batch 1, float32); GPT-2 small at its full "
+    say(f"  its memory: {kv_cache_bytes(config, 1, 16 + n_max) / 1e6:.2f} MB here (batch 1, float32); "
+        "GPT-2 small at its full "
         f"context of {c124.context_length}: {kv_cache_bytes(c124, 1, c124.context_length) / 1e6:.0f} MB per sequence")
 
     # 6. save --------------------------------------------------------------------------------------
@@ -334,15 +345,21 @@ def report(s: dict, counts: dict, folder: str) -> str:
         "## Chapter 3: the GPT", "",
         "| model | parameters | non-embedding | training FLOPs/token |", "|---|---:|---:|---:|",
     ]
-    lines += [f"| {name} | {s['params'][name]:,} | {s['non_embedding_params'][name]:,} | {s['flops_per_token'][name]:.3e} |" for name in counts]
+    lines += [f"| {name} | {s['params'][name]:,} | {s['non_embedding_params'][name]:,} | "
+              f"{s['flops_per_token'][name]:.3e} |" for name in counts]
     lines += [
         "",
-        "- sampling on a toy distribution: entropy " + ", ".join(f"{k} {v:.2f}" for k, v in s["toy_entropy_nats"].items()) + " nats",
-        f"- a left-padded batch matches each prompt alone to {s['left_pad_max_abs_diff']:.1e} (largest logit difference)",
-        f"- KV cache ({s['preset']} GPT, {s['device']}" + (f" with {s['cpu_threads']} thread(s)" if s["cpu_threads"] else "")
+        "- sampling on a toy distribution: entropy "
+        + ", ".join(f"{k} {v:.2f}" for k, v in s["toy_entropy_nats"].items()) + " nats",
+        f"- a left-padded batch matches each prompt alone to {s['left_pad_max_abs_diff']:.1e} "
+        "(largest logit difference)",
+        f"- KV cache ({s['preset']} GPT, {s['device']}"
+        + (f" with {s['cpu_threads']} thread(s)" if s["cpu_threads"] else "")
         + f", 16-token prompts, {n_max} new tokens, greedy, same tokens with and without): "
-        f"batch 1 {sec['batch1_cache'][-1]:.2f}s vs {sec['batch1_no_cache'][-1]:.2f}s (**{s['kv_speedup_batch1']:.1f}x**), "
-        f"batch 8 {sec['batch8_cache'][-1]:.2f}s vs {sec['batch8_no_cache'][-1]:.2f}s (**{s['kv_speedup_batch8']:.1f}x**)",
+        f"batch 1 {sec['batch1_cache'][-1]:.2f}s vs {sec['batch1_no_cache'][-1]:.2f}s "
+        f"(**{s['kv_speedup_batch1']:.1f}x**), "
+        f"batch 8 {sec['batch8_cache'][-1]:.2f}s vs {sec['batch8_no_cache'][-1]:.2f}s "
+        f"(**{s['kv_speedup_batch8']:.1f}x**)",
     ]
     if s["pretrained_samples"]:
         lines += ["", f"Samples from the pretrained model for {PROMPT!r}:", ""]

@@ -25,11 +25,11 @@ import shutil
 import time
 from pathlib import Path
 
-import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import numpy as np
 import torch
 
-from llm_from_scratch import tinyworld
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+from llm_from_scratch import dataset_files
 from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, quick_mode, runs_root, shown, start_run, write_summary
 from llm_from_scratch.data import WindowSampler, document_windows, read_text, tinyworld_dir
@@ -45,17 +45,23 @@ PROMPTS = ["Once upon a time,", "Mia found a", "23 plus 45:", "Cats say"]
 
 def parse_args(argv=None):
     ap = cli.parser(__doc__)
-    ap.add_argument("--preset", default="tiny", choices=[p for p in PRESETS if not p.startswith("gpt2")], help="model size (default tiny)")
-    ap.add_argument("--text", type=Path, help="pretrain on this UTF-8 file instead of the tiny world (last 5%% = validation)")
-    ap.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: runs/tokenizer; with --text, one is trained)")
+    ap.add_argument("--preset", default="tiny", choices=[p for p in PRESETS if not p.startswith("gpt2")],
+                    help="model size (default tiny)")
+    ap.add_argument("--text", type=Path,
+                    help="pretrain on this UTF-8 file instead of the tiny world (last 5%% = validation)")
+    ap.add_argument("--tokenizer", type=Path,
+                    help="tokenizer folder (default: runs/tokenizer; with --text, one is trained)")
     ap.add_argument("--steps", type=int, default=1200, help="optimizer steps (default 1200: about 4.9M tokens)")
     ap.add_argument("--batch-size", type=int, default=32, help="sequences per step (default 32)")
-    ap.add_argument("--context", type=int, default=128, help="training window in tokens (default 128, at most the preset's context)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    ap.add_argument("--context", type=int, default=128,
+                    help="training window in tokens (default 128, at most the preset's context)")
+    ap.add_argument("--lr", type=cli.positive_float, default=3e-3, help="peak learning rate (default 3e-3)")
     ap.add_argument("--warmup", type=int, default=50, help="warmup steps (default 50)")
-    ap.add_argument("--dropout", type=float, default=0.0, help="dropout (default 0: the tiny world is plentiful)")
+    ap.add_argument("--dropout", type=cli.finite_float, default=0.0,
+                    help="dropout (default 0: the tiny world is plentiful)")
     ap.add_argument("--eval-interval", type=int, default=100, help="steps between validation runs (default 100)")
-    ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="torch.compile; auto = on for CUDA only")
+    ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                    help="torch.compile; auto = on for CUDA only")
     ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
     cli.add_common_args(ap, "pretrain", dtype=True)
     cli.add_prerequisite_arg(ap)
@@ -78,8 +84,8 @@ def load_corpus(args):
         tok = Tokenizer.load(args.tokenizer) if args.tokenizer else Tokenizer.train(train_text, 768)
         floor = None
     else:
-        sizes = tinyworld.QUICK_SIZES if args.quick else {}
-        paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
+        sizes = dataset_files.QUICK_SIZES if args.quick else {}
+        paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
         train_text = paths["pretrain_train"].read_text(encoding="utf-8")
         val_text = paths["pretrain_val"].read_text(encoding="utf-8")
         tok = Tokenizer.load(args.tokenizer or prerequisite("tokenizer", args.quick, build=not args.no_build))
@@ -94,7 +100,8 @@ def load_corpus(args):
 def samples(model: GPT, tok: Tokenizer, temperature: float, seed: int = 0) -> list[str]:
     prompts = [tok.encode(p) for p in PROMPTS]
     g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    out = generate(model, prompts, 40, temperature=temperature, top_k=None, eos_id=tok.eos_id, pad_id=tok.pad_id, generator=g)
+    out = generate(model, prompts, 40, temperature=temperature, top_k=None, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                   generator=g)
     return [p + tok.decode([t for t in c if t != tok.eos_id]) for p, c in zip(PROMPTS, out.completions())]
 
 
@@ -110,7 +117,8 @@ def main(argv=None) -> dict:
     tok, train_ids, val_ids, floor = load_corpus(args)
     preset = dict(PRESETS[args.preset])
     if args.context > preset["context_length"]:
-        raise ValueError(f"--context {args.context} is longer than the {args.preset} preset's {preset['context_length']}")
+        raise ValueError(f"--context {args.context} is longer than the {args.preset} preset's "
+                         f"{preset['context_length']}")
     config = GPTConfig.preset(args.preset, vocab_size=tok.vocab_size, dropout=args.dropout)
     model = GPT(config).to(device)
 
@@ -119,21 +127,23 @@ def main(argv=None) -> dict:
     why = " (auto)" if args.dtype == "auto" else ""
     compile_ = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
     print(f"device {device} | precision {dtype}{why} | compile {'on' if compile_ else 'off'}"
-          f" | {model.num_params():,} parameters | {len(train_ids):,} training tokens, {len(val_ids):,} validation tokens")
+          f" | {model.num_params():,} parameters | {len(train_ids):,} training tokens, "
+          f"{len(val_ids):,} validation tokens")
     if floor is not None:
         print(f"entropy floor of the validation text: {floor:.4f} nats/token")
 
     cfg = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
-                      warmup_steps=args.warmup, eval_interval=args.eval_interval, checkpoint_interval=args.eval_interval,
+                      warmup_steps=args.warmup, eval_interval=args.eval_interval,
+                      checkpoint_interval=args.eval_interval,
                       log_interval=max(1, min(10, args.eval_interval // 2)), eval_batches=20,
                       dtype=dtype, compile=compile_, seed=args.seed)
     if floor is not None:  # whole documents from their start: the floor's own terms
         val_set, skipped = document_windows(val_ids, tok.eos_id, args.context, args.batch_size, tok.pad_id)
         if skipped:
-            raise ValueError(f"{skipped} validation documents are longer than --context {args.context}: the floor would "
-                             f"not be like for like; use a longer --context")
-        print(f"validation: all {int(sum((y != -100).sum() for _, y in val_set)):,} tokens of the validation documents, "
-              f"in {len(val_set)} batches of windows that start at a document boundary")
+            raise ValueError(f"{skipped} validation documents are longer than --context {args.context}: "
+                             f"the floor would not be like for like; use a longer --context")
+        print(f"validation: all {int(sum((y != -100).sum() for _, y in val_set)):,} tokens of the validation "
+              f"documents, in {len(val_set)} batches of windows that start at a document boundary")
     else:  # any text: random windows, the same ones every time
         val_sampler = WindowSampler(val_ids, args.context, args.batch_size, seed=10_000 + args.seed)
         val_set = [val_sampler.batch(i) for i in range(cfg.eval_batches)]
@@ -159,11 +169,13 @@ def main(argv=None) -> dict:
     result = {"preset": args.preset, "params": model.num_params(), "steps": args.steps, "seconds_this_run": seconds,
               "tokens": summary["tokens"], "best_val_loss": summary["best_val"], "entropy_floor": floor,
               "gap_to_floor": None if floor is None else summary["best_val"] - floor, "device": str(device),
-              "precision": cfg.dtype, "compile": compile_, "validation": "document windows" if floor is not None else "random windows"}
+              "precision": cfg.dtype, "compile": compile_,
+              "validation": "document windows" if floor is not None else "random windows"}
     atomic_write_text(out / "report.md", report(result, before, after))
     write_summary(out, result, args.quick)  # last: marks the run finished
     if floor is not None:
-        print(f"best validation loss {summary['best_val']:.4f} nats/token; floor {floor:.4f}; gap {summary['best_val'] - floor:.4f}")
+        print(f"best validation loss {summary['best_val']:.4f} nats/token; floor {floor:.4f}; "
+              f"gap {summary['best_val'] - floor:.4f}")
     print(f"trained {summary['tokens']:,} tokens in {seconds / 60:.1f} min; checkpoint in {shown(out)}")
     return result
 
@@ -173,7 +185,8 @@ def report(r: dict, before: list[str], after: list[str]) -> str:
     gap = f"{r['gap_to_floor']:.4f}" if r["gap_to_floor"] is not None else "n/a"
     lines = ["## Chapter 4: pretraining", "",
              f"- {r['preset']} GPT, {r['params']:,} parameters, {r['steps']} steps, {r['tokens']:,} tokens, "
-             f"{r['seconds_this_run'] / 60:.1f} min on {r['device']} ({r['precision']}, compile {'on' if r['compile'] else 'off'})",
+             f"{r['seconds_this_run'] / 60:.1f} min on {r['device']} "
+             f"({r['precision']}, compile {'on' if r['compile'] else 'off'})",
              f"- best validation loss **{r['best_val_loss']:.4f}** nats/token; entropy floor {floor}; gap {gap}", "",
              "![loss](pretrain/loss.png)", "", "| before training | after |", "|---|---|"]
     lines += [f"| {b[:90]} | {a[:120]} |" for b, a in zip(before or [""] * len(after), after)]

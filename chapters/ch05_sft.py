@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import time
 from pathlib import Path
 
-import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import matplotlib.pyplot as plt
 
-from llm_from_scratch import tinyworld
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+import common  # chapters/common.py: seed sweeps
+from llm_from_scratch import dataset_files
 from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
 from llm_from_scratch.course import (
     finished_run,
@@ -100,8 +100,8 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     tok = Tokenizer.load(init)
     model = load_gpt(init, device=device, vocab_size=tok.vocab_size)
 
-    sizes = tinyworld.QUICK_SIZES if args.quick else {}
-    paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
+    sizes = dataset_files.QUICK_SIZES if args.quick else {}
+    paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
     train_examples = read_jsonl(paths["sft_train"])
     val_examples = read_jsonl(paths["sft_val"])
     eval_set = val_examples[: args.eval_examples]
@@ -175,22 +175,11 @@ def finished_seed(args, out: Path, seed: int) -> dict | None:
     return result
 
 
-def spread(results: list[dict]) -> dict[str, dict]:
-    """min / median / max over the runs of each headline task's accuracy (story: the gold score)."""
-    out = {}
-    for task in HEADLINE:
-        runs = [r["after"][task]["accuracy"] for r in results if task in r["after"]]
-        if runs:
-            out[task] = {"min": min(runs), "median": statistics.median(runs), "max": max(runs), "runs": runs}
-    return out
-
-
-def spread_table(results: list[dict]) -> str:
-    s = spread(results)
-    lines = ["| task | min | median | max | every run |", "|---|---:|---:|---:|---|"]
-    lines += [f"| {t} | {v['min']:.1%} | {v['median']:.1%} | {v['max']:.1%} | {', '.join(f'{x:.1%}' for x in v['runs'])} |"
-              for t, v in s.items()]
-    return "\n".join(lines)
+def spread_rows(results: list[dict]) -> dict:
+    """The rows of the sweep's table (common.spread_table): each headline task's accuracy over the runs (story: the
+    gold score)."""
+    return {task: (task, [r["after"][task]["accuracy"] for r in results], "{:.1%}".format)
+            for task in HEADLINE if all(task in r["after"] for r in results)}
 
 
 def main(argv=None) -> dict:
@@ -212,13 +201,12 @@ def main(argv=None) -> dict:
         results.append(kept[k] or sft_run(args, sweep_dir / f"seed{k}", k, init, device, before))
         before = results[-1]["before"]  # the same pretrained model: evaluate it once
         args.dtype = results[-1]["precision"]  # and choose the precision once: every seed trains alike
-    text = spread_table(results)
+    text, spread = common.spread_table(spread_rows(results), first="task")
     precisions = sorted({r["precision"] for r in results})
     print(f"\n{args.seeds} seeds of the default run ({args.steps} steps, {' and '.join(precisions)}):\n{text}")
-    summary = {"seeds": list(range(args.seeds)), "spread": spread(results), "steps": args.steps,
+    summary = {"seeds": list(range(args.seeds)), "spread": spread, "steps": args.steps,
                "precision": [r["precision"] for r in results], "seconds": [r["seconds"] for r in results]}
-    atomic_write_text(sweep_dir / "sweep.md", f"{args.seeds} seeds of `python chapters/ch05_sft.py`\n\n{text}\n")
-    write_summary(sweep_dir, summary, args.quick)
+    common.write_sweep(sweep_dir, "ch05_sft.py", argv, text, summary, args.quick)
     return summary
 
 

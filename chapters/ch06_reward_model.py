@@ -17,19 +17,31 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import matplotlib.pyplot as plt
 import torch
 
-from llm_from_scratch import tinyworld
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+from llm_from_scratch import dataset_files, gold_rewards, preferences, tasks
 from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, quick_mode, require_real, runs_root, start_run, write_summary
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device, seed_everything
-from llm_from_scratch.plots import save
-from llm_from_scratch.reward_model import (RewardConfig, RewardModel, agreement_by_part, center_rewards, encode_pairs,
-                                           gold_sign, load_preferences, pearson, ranking_scores, score_pairs, score_texts,
-                                           spearman, train_reward_model)
+from llm_from_scratch.plots import moving_average, save
+from llm_from_scratch.reward_model import (
+    RewardConfig,
+    RewardModel,
+    agreement_by_part,
+    center_rewards,
+    encode_pairs,
+    gold_sign,
+    load_preferences,
+    pearson,
+    ranking_scores,
+    score_pairs,
+    score_texts,
+    spearman,
+    train_reward_model,
+)
 from llm_from_scratch.sft import answer, response_logprobs
 from llm_from_scratch.tokenizer import Tokenizer
 from llm_from_scratch.train import load_gpt
@@ -40,8 +52,9 @@ def parse_args(argv=None):
     ap.add_argument("--init", type=Path, help="SFT checkpoint to start from (default runs/sft)")
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     ap.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    ap.add_argument("--samples", type=int, default=500, help="fresh SFT samples to centre the rewards and compare with gold (default 500)")
+    ap.add_argument("--lr", type=cli.positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
+    ap.add_argument("--samples", type=int, default=500,
+                    help="fresh SFT samples to centre the rewards and compare with gold (default 500)")
     cli.add_common_args(ap, "reward_model")
     cli.add_prerequisite_arg(ap)
     args = ap.parse_args(argv)
@@ -49,11 +62,6 @@ def parse_args(argv=None):
     if args.quick:
         args.steps, args.batch_size, args.samples = 20, 8, 24
     return args
-
-
-def moving_average(xs: list[float], window: int) -> list[float]:
-    """Mean of the last `window` values at each point (fewer at the start)."""
-    return [sum(xs[max(0, i + 1 - window):i + 1]) / (i + 1 - max(0, i + 1 - window)) for i in range(len(xs))]
 
 
 def figures(out: Path, records: list, margins: torch.Tensor, gold: torch.Tensor, rm_scores, gold_scores,
@@ -125,17 +133,19 @@ def main(argv=None) -> dict:
     rm = RewardModel(load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0)).to(device)
     start_run(out, fresh=("metrics.jsonl",))  # a reward-model run starts over: no summary, no old metrics
 
-    sizes = tinyworld.QUICK_SIZES if args.quick else {}
-    paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
+    sizes = dataset_files.QUICK_SIZES if args.quick else {}
+    paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
     train_rows = load_preferences(paths["preferences_train"])
     val_rows = load_preferences(paths["preferences_val"])
     ctx = rm.gpt.config.context_length
     train_pairs, val_pairs = encode_pairs(tok, train_rows, ctx), encode_pairs(tok, val_rows, ctx)
     if len(val_pairs) != len(val_rows):
-        raise ValueError("some held-out pairs do not fit the context; the comparison with the Bayes ceiling needs them all")
-    ceiling, gold_bt_loss = tinyworld.bayes_accuracy(val_rows), tinyworld.gold_loss(val_rows)
-    print(f"{len(train_pairs):,} training pairs, {len(val_pairs):,} held-out pairs; Bayes ceiling of the held-out labels "
-          f"{ceiling:.3f}, the gold reward's own loss on them {gold_bt_loss:.3f} nats")
+        raise ValueError("some held-out pairs do not fit the context; "
+                         "the comparison with the Bayes ceiling needs them all")
+    ceiling, gold_bt_loss = preferences.bayes_accuracy(val_rows), preferences.gold_loss(val_rows)
+    print(f"{len(train_pairs):,} training pairs, {len(val_pairs):,} held-out pairs; "
+          f"Bayes ceiling of the held-out labels {ceiling:.3f}, "
+          f"the gold reward's own loss on them {gold_bt_loss:.3f} nats")
 
     cfg = RewardConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
                        warmup_steps=max(1, args.steps // 20), eval_interval=max(10, args.steps // 3), seed=args.seed)
@@ -144,7 +154,7 @@ def main(argv=None) -> dict:
     c, r = score_pairs(rm, val_pairs, tok.pad_id)
     margins = c - r
     gold = gold_sign(val_rows)
-    parts = [tuple(tinyworld.story_reward_parts(p["spec"], p[k]) for k in ("chosen", "rejected")) for p in val_rows]
+    parts = [tuple(gold_rewards.story_reward_parts(p["spec"], p[k]) for k in ("chosen", "rejected")) for p in val_rows]
     accuracy, gold_agreement = ranking_scores(margins, gold)
     print(f"held-out accuracy {accuracy:.3f} (Bayes ceiling {ceiling:.3f}, gap {ceiling - accuracy:+.3f}); "
           f"agrees with the gold ranking on {gold_agreement:.3f} of the pairs gold does not tie")
@@ -152,7 +162,8 @@ def main(argv=None) -> dict:
     print("pairs that differ in one part of the gold reward -> share the RM orders as gold does: " +
           ", ".join(f"{k} {v['agreement']:.2f} (n={v['n']})" for k, v in by_part.items()))
 
-    # a baseline before any preference training: rank each pair by the SFT model's mean log-probability per response token
+    # a baseline before any preference training: rank each pair by the SFT model's mean log-probability per response
+    # token
     n = len(val_rows)
     sums, counts = response_logprobs(sft, tok, [p["prompt"] for p in val_rows] * 2,
                                      [p["chosen"] for p in val_rows] + [p["rejected"] for p in val_rows])
@@ -166,7 +177,7 @@ def main(argv=None) -> dict:
           ", ".join(f"{k} {v['agreement']:.2f}" for k, v in sft_baseline["by_part"].items()))
 
     # fresh SFT samples on story prompts: centre the rewards on them and compare with gold
-    prompts = tinyworld.rl_prompts("stories", args.samples, seed=12345)
+    prompts = tasks.rl_prompts("stories", args.samples, seed=12345)
     g = torch.Generator(device=device).manual_seed(args.seed)
     responses = [text for text, _ in answer(sft, tok, [p["prompt"] for p in prompts], temperature=1.0, generator=g)]
     scores = score_texts(rm, tok, [p["prompt"] for p in prompts], responses)
@@ -174,10 +185,11 @@ def main(argv=None) -> dict:
     rm.save(out)
     tok.save(out)
     scores = scores - removed
-    gold_scores = torch.tensor([tinyworld.story_reward(p["spec"], resp) for p, resp in zip(prompts, responses)])
+    gold_scores = torch.tensor([gold_rewards.story_reward(p["spec"], resp) for p, resp in zip(prompts, responses)])
     corr, rank_corr = pearson(scores, gold_scores), spearman(scores, gold_scores)
     at_one = (gold_scores == 1.0).float().mean().item()  # most SFT stories are perfect: one big tie for the ranks
-    print(f"bias shifted by {-removed:+.3f}: SFT samples now score 0 ± {spread:.3f}; {at_one:.0%} of them score gold 1.0; "
+    print(f"bias shifted by {-removed:+.3f}: SFT samples now score 0 ± {spread:.3f}; "
+          f"{at_one:.0%} of them score gold 1.0; "
           f"correlation with gold on them r = {corr:.3f} (Pearson), ρ = {rank_corr:.3f} (Spearman)")
     figures(out, read_jsonl(out / "metrics.jsonl"), margins, gold, scores.tolist(), gold_scores.tolist(),
             ceiling, gold_bt_loss)
@@ -192,23 +204,26 @@ def main(argv=None) -> dict:
     worst = torch.argsort(gap, descending=True)[:5].tolist()
     disagreements = [{"prompt": prompts[i]["prompt"], "response": responses[i], "rm": scores[i].item(),
                       "gold": gold_scores[i].item()} for i in worst]
-    result = {"accuracy": accuracy, "bayes_ceiling": ceiling, "gold_loss": gold_bt_loss, "gold_agreement": gold_agreement,
-              "by_part": by_part, "sft_gold_at_one": at_one,
+    result = {"accuracy": accuracy, "bayes_ceiling": ceiling, "gold_loss": gold_bt_loss,
+              "gold_agreement": gold_agreement, "by_part": by_part, "sft_gold_at_one": at_one,
               "sft_loglik_baseline": sft_baseline, "best": best,
-              "bias_shift": -removed, "sft_reward_std": spread, "rm_gold_correlation": corr, "rm_gold_spearman": rank_corr,
+              "bias_shift": -removed, "sft_reward_std": spread, "rm_gold_correlation": corr,
+              "rm_gold_spearman": rank_corr,
               "disagreements": disagreements, "steps": args.steps, "batch_size": args.batch_size,
               "train_pairs": len(train_pairs), "seconds": best["seconds"], "seed": args.seed, "device": str(device),
               "precision": "float32"}
     lines = ["## Chapter 6: the reward model", "",
              f"- held-out pairwise accuracy **{accuracy:.3f}**; Bayes ceiling of the noisy labels {ceiling:.3f}",
              f"- {args.steps} steps in {best['seconds'] / 60:.1f} min on {device}",
-             f"- SFT samples: rewards centred (bias {-removed:+.3f}), std {spread:.3f}; {at_one:.0%} at gold 1.0; correlation with gold "
-             f"r = {corr:.3f} (Pearson), ρ = {rank_corr:.3f} (Spearman)", "",
+             f"- SFT samples: rewards centred (bias {-removed:+.3f}), std {spread:.3f}; {at_one:.0%} at gold 1.0; "
+             f"correlation with gold r = {corr:.3f} (Pearson), ρ = {rank_corr:.3f} (Spearman)", "",
              "![training](reward_model/training.png) ![margins](reward_model/margins.png)",
              "![calibration](reward_model/calibration.png) ![rm vs gold](reward_model/rm_vs_gold.png)", "",
-             "Held-out pairs that differ in one part of the gold reward: how often the RM orders them as gold does, and how",
+             "Held-out pairs that differ in one part of the gold reward: how often the RM orders them as gold does, "
+             "and how",
              "often a baseline with no preference training does: the SFT model's log-likelihood per response token",
-             f"(on all pairs: accuracy {sft_baseline['accuracy']:.3f}, gold agreement {sft_baseline['gold_agreement']:.3f}; "
+             f"(on all pairs: accuracy {sft_baseline['accuracy']:.3f}, "
+             f"gold agreement {sft_baseline['gold_agreement']:.3f}; "
              f"the reward model's: {accuracy:.3f}, {gold_agreement:.3f})", "",
              "| part | reward model | SFT log-likelihood | pairs |", "|---|---:|---:|---:|",
              *[f"| {k} | {v['agreement']:.2f} | {sft_baseline['by_part'][k]['agreement']:.2f} | {v['n']} |"

@@ -17,7 +17,7 @@ and update; for stories the shares of samples without the asked name or object; 
 and, with --eval-samples, eval/sampled/*: llm_from_scratch/evaluation.py), rollout_samples.jsonl (at each
 evaluation, the samples the trained reward liked best), eval.json (for word problems also the SFT model's pass@k
 and McNemar's exact test of the greedy answers before and after), samples.md, curves.png, report.md and summary.json. An interrupted run resumes from its last evaluation
-(--no-resume starts over).
+(--no-resume starts over), and a finished run of the same flags is kept.
 
 --seeds N runs seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, into runs/pg_<task>_<algo>_seeds/,
 and prints the spread (min / median / max) of the held-out score and of its gain.
@@ -42,50 +42,38 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import statistics
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import matplotlib.pyplot as plt
 import torch
 from tqdm import tqdm
 
-from llm_from_scratch import tinyworld
-from llm_from_scratch.checkpoint import (
-    append_metrics,
-    atomic_write_text,
-    load_state,
-    load_train_state,
-    read_jsonl,
-    save_train_state,
-)
-from llm_from_scratch.course import (
-    PrerequisiteError,
-    finished_run,
-    prerequisite,
-    quick_mode,
-    require_real,
-    runs_root,
-    shown,
-    start_run,
-    write_summary,
-)
-from llm_from_scratch.data import tinyworld_dir
-from llm_from_scratch.device import pick_device, seed_everything
-from llm_from_scratch.plots import save
-from llm_from_scratch.policy_gradient import LOSS_TYPES, normalisation  # --loss-type's choices and their meaning
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+import common  # chapters/common.py: the RL tasks' data, resuming, seed sweeps
+from llm_from_scratch import gold_rewards
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, read_jsonl
+from llm_from_scratch.course import prerequisite, quick_mode, require_real, start_run, write_summary
+from llm_from_scratch.device import seed_everything
 from llm_from_scratch.evaluation import eval_record as schema_record
 from llm_from_scratch.evaluation import greedy_eval, mcnemar_exact, sampled_eval
-from llm_from_scratch.policy_gradient import ALGOS, MovingAverageBaseline, PGConfig, pass_at_k, pg_update, rollout
+from llm_from_scratch.plots import save
+from llm_from_scratch.policy_gradient import (
+    ALGOS,
+    LOSS_TYPES,  # --loss-type's choices, and what each means (normalisation)
+    MovingAverageBaseline,
+    PGConfig,
+    normalisation,
+    pass_at_k,
+    pg_update,
+    rollout,
+)
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer
 from llm_from_scratch.train import load_gpt, save_gpt
 
-TASKS = {"word-problems": ("verifiable", "word_problem"), "stories": ("stories", "story")}
 # Each task's recipe where the command line is silent. Word problems: RLOO with DAPO's token-level loss and its group
 # filter at lr 5e-5 gained the most of the four recipes measured from the course's SFT model (README, chapter 7).
 # Stories: the reward model's scores of a prompt's samples are never all equal, so the filter has nothing to do there,
@@ -94,10 +82,35 @@ TASK_DEFAULTS = {"word-problems": {"lr": 5e-5, "loss_type": "dapo", "filter_grou
                  "stories": {"lr": 2e-5, "loss_type": None, "filter_groups": False}}
 
 
-def parse_args(argv=None):
+@dataclass(frozen=True)
+class Config(common.CommonFlags):
+    """Every flag, after the task's recipe and quick mode filled in the defaults: parsed once, never changed."""
+    algo: str = "rloo"
+    task: str = "word-problems"
+    reward: str = "gold"  # what the policy is trained on: "gold" or "rm" (the chapter-6 reward model)
+    init: Path | None = None
+    steps: int = 100
+    prompts: int = 8  # prompts per step
+    k: int = 8  # samples per prompt
+    lr: float = 5e-5
+    beta: float = 0.02
+    kl_in: str = "reward"
+    inner_epochs: int = 1
+    loss_type: str | None = "dapo"  # None: the algorithm's own
+    filter_groups: bool = True
+    temperature: float = 0.7
+    max_new_tokens: int = 128
+    missing_eos_penalty: float = 0.0
+    eval_interval: int = 20
+    eval_examples: int = 1000
+    pass_at_k: int = 16
+    eval_samples: int = 0
+
+
+def parse_args(argv=None) -> Config:
     ap = cli.parser(__doc__)
     ap.add_argument("--algo", default="rloo", choices=ALGOS, help="the estimator (default rloo)")
-    ap.add_argument("--task", default="word-problems", choices=sorted(TASKS), help="default word-problems")
+    ap.add_argument("--task", default="word-problems", choices=sorted(common.TASKS), help="default word-problems")
     ap.add_argument("--reward", choices=["gold", "rm"],
                     help="what the policy is trained on: the gold reward or the chapter-6 reward model "
                          "(default: gold for word problems, rm for stories)")
@@ -105,8 +118,10 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=100, help="policy-gradient steps (default 100)")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
     ap.add_argument("--k", type=int, default=8, help="samples per prompt (default 8)")
-    ap.add_argument("--lr", type=float, help="AdamW learning rate (default 5e-5 for word problems, 2e-5 for stories)")
-    ap.add_argument("--beta", type=float, default=0.02, help="KL coefficient (default 0.02; 0 = no KL penalty)")
+    ap.add_argument("--lr", type=cli.positive_float,
+                    help="AdamW learning rate (default 5e-5 for word problems, 2e-5 for stories)")
+    ap.add_argument("--beta", type=cli.finite_float, default=0.02,
+                    help="KL coefficient (default 0.02; 0 = no KL penalty)")
     ap.add_argument("--kl-in", choices=["reward", "loss"],
                     help="where the KL goes: 'reward' (−β·Σ k1 per sequence) or 'loss' (β·k3 per token); "
                          "default: loss for GRPO and Dr. GRPO, reward otherwise")
@@ -125,10 +140,10 @@ def parse_args(argv=None):
                          "got the same reward (the raw reward, before the KL term); they carry no signal for RLOO and "
                          "GRPO. The batch is not refilled with new samples; a step where every prompt is filtered "
                          "does no update. Default: on for word problems, off for stories")
-    ap.add_argument("--temperature", type=float, default=0.7,
+    ap.add_argument("--temperature", type=cli.finite_float, default=0.7,
                     help="sampling temperature of the rollouts; log-probs and the KL use the same (default 0.7)")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="completion length limit (default 128)")
-    ap.add_argument("--missing-eos-penalty", type=float, default=0.0,
+    ap.add_argument("--missing-eos-penalty", type=cli.finite_float, default=0.0,
                     help="subtracted from the reward of a completion cut off without EOS (default 0)")
     ap.add_argument("--eval-interval", type=int, default=20, help="steps between held-out evaluations (default 20)")
     ap.add_argument("--eval-examples", type=int, default=1000,
@@ -141,87 +156,67 @@ def parse_args(argv=None):
                     help="stories: at every evaluation also draw N samples of each held-out prompt at --temperature "
                          "(the same draws every time) for the sampled gold ± s.e., the proxy and the KL to the SFT "
                          "model, as chapters 8-10 do (default 0: greedy stories only)")
-    ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
+    ap.add_argument("--no-resume", action="store_true",
+                    help="start over even if --out holds an interrupted or finished run of the same flags")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="run seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, into "
                          "runs/pg_<task>_<algo>_seeds/, and print the spread")
     cli.add_common_args(ap, "pg_<task>_<algo>")
     cli.add_prerequisite_arg(ap)
-    args = ap.parse_args(argv)
-    args.quick = args.quick or quick_mode()
-    args.reward = args.reward or ("gold" if args.task == "word-problems" else "rm")
-    for name, value in TASK_DEFAULTS[args.task].items():  # the task's recipe where the command line is silent
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    args.loss_type = None if args.loss_type == "own" else args.loss_type
-    grpo = args.algo in ("grpo", "dr-grpo")
-    args.kl_in = args.kl_in or ("loss" if grpo else "reward")
-    args.inner_epochs = args.inner_epochs or (2 if grpo else 1)
-    if args.seeds < 0:
+    a = vars(ap.parse_args(argv))
+    a["quick"] = a["quick"] or quick_mode()
+    a["reward"] = a["reward"] or ("gold" if a["task"] == "word-problems" else "rm")
+    for name, value in TASK_DEFAULTS[a["task"]].items():  # the task's recipe where the command line is silent
+        a[name] = value if a[name] is None else a[name]
+    a["loss_type"] = None if a["loss_type"] == "own" else a["loss_type"]
+    grpo = a["algo"] in ("grpo", "dr-grpo")
+    a["kl_in"] = a["kl_in"] or ("loss" if grpo else "reward")
+    a["inner_epochs"] = a["inner_epochs"] or (2 if grpo else 1)
+    if a["seeds"] < 0:
         ap.error("--seeds must be ≥ 0")
-    if args.seeds and args.init:
+    if a["seeds"] and a["init"]:
         ap.error("--seeds starts seed k from runs/sft_seeds/seed<k> (chapter 5's sweep); leave out --init")
-    if args.temperature <= 0:
+    if a["temperature"] <= 0:
         ap.error("--temperature must be > 0 (RL needs samples; greedy answers are for evaluation)")
     for flag in ("steps", "prompts", "k", "max_new_tokens", "eval_interval", "inner_epochs"):
-        if getattr(args, flag) < 1:
+        if a[flag] < 1:
             ap.error(f"--{flag.replace('_', '-')} must be ≥ 1")
-    if args.eval_samples < 0:
+    if a["eval_samples"] < 0:
         ap.error("--eval-samples must be ≥ 0")
-    if args.k < 2 and args.algo != "reinforce":
-        ap.error(f"--algo {args.algo} compares samples of one prompt: --k must be ≥ 2")
-    if args.k < 2 and args.filter_groups:
+    if a["k"] < 2 and a["algo"] != "reinforce":
+        ap.error(f"--algo {a['algo']} compares samples of one prompt: --k must be ≥ 2")
+    if a["k"] < 2 and a["filter_groups"]:
         ap.error("--filter-groups (on by default for word problems) compares the samples of one prompt: --k must be "
                  "≥ 2, or add --no-filter-groups")
-    if args.quick:
-        args.steps, args.prompts, args.k, args.max_new_tokens = 4, 2, 4, 24
-        args.eval_interval, args.eval_examples, args.pass_at_k = 2, 8, min(args.pass_at_k, 2)
-    return args
+    if a["quick"]:
+        a.update(steps=4, prompts=2, k=4, max_new_tokens=24, eval_interval=2, eval_examples=8,
+                 pass_at_k=min(a["pass_at_k"], 2))
+    return Config(**a)
 
 
-def task_data(name: str, quick: bool, eval_examples: int):
-    """A task's RL training prompts, its held-out examples (chapter 5's validation set), the prompts by their text,
-    and the gold reward of (prompts, completions) as a reward callable."""
-    kind, task = TASKS[name]
-    sizes = tinyworld.QUICK_SIZES if quick else {}
-    paths = tinyworld.ensure_datasets(tinyworld_dir(quick), seed=0, **sizes)
-    train_prompts = [p for p in read_jsonl(paths[f"rl_{kind}"]) if p["task"] == task]
-    held_out = [e for e in read_jsonl(paths["sft_val"]) if e["task"] == task][:eval_examples]
-    by_prompt = {p["prompt"]: p for p in train_prompts}
-
-    def gold_fn(prompts, completions):
-        return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
-
-    return train_prompts, held_out, by_prompt, gold_fn
+def run_name(cfg: Config) -> str:
+    """The default folder's name: pg_<task>_<algo>, then _<loss-type> (or _own) and _filter (or _nofilter) where those
+    differ from the task's recipe (TASK_DEFAULTS), so such a run never overwrites the default run later chapters read."""
+    recipe = TASK_DEFAULTS[cfg.task]
+    return (f"pg_{cfg.task}_{cfg.algo}"
+            + (f"_{cfg.loss_type or 'own'}" if cfg.loss_type != recipe["loss_type"] else "")
+            + (("_filter" if cfg.filter_groups else "_nofilter") if cfg.filter_groups != recipe["filter_groups"] else ""))
 
 
-def sft_seed_sweep(root: Path, seeds: int) -> Path:
-    """Chapter 5's seed sweep, runs/sft_seeds/, where seed k of an RL sweep starts; an error naming the command
-    that makes it when a seed is missing."""
-    sft_sweep = root / "sft_seeds"
-    missing = [k for k in range(seeds) if not finished_run(sft_sweep / f"seed{k}")]
-    if missing:
-        raise PrerequisiteError(f"--seeds {seeds} starts seed k from {shown(sft_sweep)}/seed<k>, and seeds {missing} "
-                                f"are not there: run `python chapters/ch05_sft.py --seeds {seeds}` first")
-    return sft_sweep
+def pg_config(cfg: Config) -> PGConfig:
+    """The update's settings (eval.json records them under "config")."""
+    return PGConfig(algo=cfg.algo, k=cfg.k, beta=cfg.beta, kl_in=cfg.kl_in, inner_epochs=cfg.inner_epochs,
+                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, loss_type=cfg.loss_type,
+                    filter_groups=cfg.filter_groups)
 
 
-def evaluate(policy, tok, examples: list[dict], proxy_fn=None) -> dict:
-    """Greedy answers to held-out prompts (evaluation.greedy_eval): the gold reward's mean (accuracy for word
-    problems), each example's gold (for McNemar's test), the share that ended with EOS, and the trained reward's mean
-    when it is not gold (the reward model, for stories)."""
-    return greedy_eval(policy, tok, examples, proxy_fn)
+def score_name(task: str) -> str:
+    return "accuracy" if task == "word-problems" else "gold reward"
 
 
-def evaluate_held_out(args, policy, reference, tok, examples: list[dict], proxy_fn, seed: int) -> dict:
-    """`evaluate`'s greedy answers; for stories with --eval-samples N, also the sampled evaluation of chapters 8-10
-    (evaluation.sampled_eval) under "sampled"."""
-    result = evaluate(policy, tok, examples, proxy_fn)
-    if args.task == "stories" and args.eval_samples:
-        sampled = sampled_eval(policy, reference, tok, examples, args.eval_samples, args.temperature,
-                               args.max_new_tokens, proxy_fn, seed)
-        result["sampled"] = {k: sampled[k] for k in ("gold", "gold_se", "proxy", "has_proxy", "kl", "kl_k3", "n", "length")}
-    return result
+def greedy_key(task: str) -> str:
+    """The metrics.jsonl key of the greedy held-out score: the accuracy for word problems, the gold reward for stories."""
+    return "eval/greedy/accuracy" if task == "word-problems" else "eval/greedy/gold"
 
 
 def eval_record(result: dict) -> dict:
@@ -234,63 +229,177 @@ def eval_record(result: dict) -> dict:
     return record
 
 
-def greedy_key(task: str) -> str:
-    """The metrics.jsonl key of the greedy held-out score: the accuracy for word problems, the gold reward for stories."""
-    return "eval/greedy/accuracy" if task == "word-problems" else "eval/greedy/gold"
-
-
 def sampled_pass_at_k(policy, tok, examples: list[dict], n: int, temperature: float, seed: int) -> dict[int, float]:
     """pass@k for k = 1, 2, 4, .. n: n sampled answers to each held-out problem, each k scored without bias."""
     generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
     answers = answer(policy, tok, [e["prompt"] for e in examples for _ in range(n)], temperature=temperature,
                      generator=generator)
-    right = [sum(tinyworld.gold_reward(e, answers[i * n + j][0]) for j in range(n)) for i, e in enumerate(examples)]
+    right = [sum(gold_rewards.gold_reward(e, answers[i * n + j][0]) for j in range(n)) for i, e in enumerate(examples)]
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n]
     return {k: sum(pass_at_k(n, int(c), k) for c in right) / len(examples) for k in ks}
 
 
-def story_parts(specs: list[dict], completions: list[str]) -> dict[str, float]:
-    """The share of stories that miss the asked name, and that miss the asked colored object: the two parts of the
-    gold reward that chapter 6's reward model could not see."""
-    parts = [tinyworld.story_reward_parts(s, c) for s, c in zip(specs, completions)]
-    return {"gold/wrong_name": sum(p["name"] == 0 for p in parts) / len(parts),
-            "gold/wrong_object": sum(p["object"] < 1 for p in parts) / len(parts)}
+def pg_run(cfg: Config, run: common.Run) -> dict:
+    """One policy-gradient run from the SFT model in run.init into run.out; returns what eval.json holds."""
+    out, seed, device = run.out, run.seed, run.device
+    seed_everything(seed)
+    tok = Tokenizer.load(run.init)
+    policy = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
+    reference = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
+    rm = None
+    if cfg.reward == "rm" or cfg.task == "stories":
+        rm_dir = prerequisite("reward_model", cfg.quick, build=not cfg.no_build)
+        require_real(rm_dir, cfg.quick)
+        rm = RewardModel.load(rm_dir, device=device, vocab_size=tok.vocab_size).requires_grad_(False)
+    data = common.task_data(cfg.task, cfg.quick, cfg.eval_examples)
+    rm_fn = reward_fn(rm, tok) if rm is not None else None
+    train_fn = data.gold_fn if cfg.reward == "gold" else rm_fn
+    proxy_fn = None if cfg.reward == "gold" else rm_fn  # what held-out answers score on the trained reward
+    update_cfg = pg_config(cfg)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    baseline = MovingAverageBaseline()
+    print(f"{cfg.algo} on {cfg.task} ({len(data.train_prompts):,} training prompts, {len(data.held_out)} held out), "
+          f"reward: {'gold' if cfg.reward == 'gold' else 'the reward model'}; {cfg.prompts} prompts x {cfg.k} samples "
+          f"per step, β = {cfg.beta} (KL in the {cfg.kl_in}), lr {cfg.lr}, {cfg.steps} steps; the per-token loss "
+          f"aggregated as \"{normalisation(cfg.algo, cfg.loss_type)}\" ("
+          + (f"--loss-type {cfg.loss_type}" if cfg.loss_type else f"{cfg.algo}'s own") + ")"
+          + ("; prompts whose samples all got the same reward left out of the update (--filter-groups)"
+             if cfg.filter_groups else ""))
+
+    def evaluate() -> dict:
+        """Greedy answers to the held-out prompts (evaluation.greedy_eval); for stories with --eval-samples N, also
+        the sampled evaluation of chapters 8-10 (evaluation.sampled_eval) under "sampled"."""
+        result = greedy_eval(policy, tok, data.held_out, proxy_fn)
+        if cfg.task == "stories" and cfg.eval_samples:
+            sampled = sampled_eval(policy, reference, tok, data.held_out, cfg.eval_samples, cfg.temperature,
+                                   cfg.max_new_tokens, proxy_fn, seed)
+            keys = ("gold", "gold_se", "proxy", "has_proxy", "kl", "kl_k3", "n", "length")
+            result["sampled"] = {k: sampled[k] for k in keys}
+        return result
+
+    weights = {"model.safetensors": policy}  # what out/last/ holds, for resuming
+    state = common.resume(out, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
+    start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
+    baseline.value = state["baseline"] if state else baseline.value
+    start_run(out)
+    if before is None:
+        before = evaluate()
+        if cfg.task == "word-problems" and cfg.pass_at_k:
+            t0 = time.perf_counter()
+            before["pass_at_k"] = sampled_pass_at_k(policy, tok, data.held_out, cfg.pass_at_k, cfg.temperature, seed)
+            print(f"SFT model, {cfg.pass_at_k} samples per held-out problem at T = {cfg.temperature} "
+                  f"({time.perf_counter() - t0:.0f} s): "
+                  + ", ".join(f"pass@{k} {v:.3f}" for k, v in before["pass_at_k"].items()))
+        append_metrics(out / "metrics.jsonl", {"step": 0, **eval_record(before)})
+    print(f"before: held-out {score_name(cfg.task)} {before['gold']:.3f}")
+
+    generator = torch.Generator(device=device).manual_seed(seed)  # the rollouts' random numbers
+    if state:  # where the interrupted run's were: a resumed run samples what an uninterrupted one would have
+        generator.set_state(state["generator"])
+    t_start = time.perf_counter()
+    bar = tqdm(range(start, cfg.steps), desc=cfg.algo, unit="step", disable=cfg.quiet, dynamic_ncols=True)
+    for step in bar:
+        prompts = common.batch_prompts(data.train_prompts, step, cfg.prompts)
+        t0 = time.perf_counter()
+        ro = rollout(policy, reference, tok, prompts, cfg.k, train_fn,  # gold is always logged; when it is the
+                     None if cfg.reward == "gold" else data.gold_fn,  # reward, the rollout copies it
+                     cfg.max_new_tokens, cfg.temperature, cfg.missing_eos_penalty, generator)
+        t1 = time.perf_counter()
+        metrics = pg_update(policy, optimizer, ro, update_cfg, baseline)
+        t2 = time.perf_counter()
+        common.require_finite_metrics(metrics, ("loss/policy",), step + 1, out)
+        if cfg.task == "stories":
+            metrics.update(common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions))
+        record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
+        evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
+        if evaluating:
+            record.update(eval_record(evaluate()))
+            for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
+                append_metrics(out / "rollout_samples.jsonl", row)
+        append_metrics(out / "metrics.jsonl", record)
+        if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
+            save_gpt(policy, out / "last")
+            common.save_state(out, cfg, step + 1, optimizer, weights, generator=generator.get_state(),
+                              baseline=baseline.value, before=json.dumps(before))
+        bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
+    seconds = time.perf_counter() - t_start
+
+    after = evaluate()
+    save_gpt(policy, out)
+    tok.save(out)
+    return report(cfg, run, before, after, seconds)
 
 
-def top_samples(ro, step: int, by_prompt: dict, task: str, n: int = 2) -> list[dict]:
-    """The n samples of a rollout that the trained reward liked best, with their gold reward (and, for stories,
-    whether they kept the asked name and object): where a policy exploits its reward, these show how."""
-    best = torch.argsort(ro.rewards, descending=True)[:n].tolist()
-    rows = [{"step": step, "prompt": ro.prompts[i], "completion": ro.completions[i], "proxy": ro.rewards[i].item(),
-             "gold": ro.gold[i].item()} for i in best]
-    if task == "stories":
-        for r in rows:
-            parts = tinyworld.story_reward_parts(by_prompt[r["prompt"]]["spec"], r["completion"])
-            r["name_ok"], r["object_ok"] = parts["name"] == 1, parts["object"] == 1
-    return rows
+def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: float) -> dict:
+    """The figures, the printed summary, McNemar's test, eval.json, samples.md, report.md and summary.json."""
+    out = run.out
+    records = read_jsonl(out / "metrics.jsonl")
+    curves(out, records, cfg.task, before.get("pass_at_k"))
+    last = [r for r in records if "objective/kl" in r][-10:]
+    kl = sum(r["objective/kl"] for r in last) / max(1, len(last))  # k1: unbiased, can dip below 0 on a batch
+    kl3 = sum(r["objective/kl_k3"] for r in last) / max(1, len(last))  # k3: never below 0
+    if cfg.filter_groups:  # what DAPO's filter left the updates (it does not refill the batch)
+        steps = [r for r in records if "train/rows" in r]
+        used = sum(r["train/rows"] for r in steps) / max(1, len(steps) * cfg.prompts * cfg.k)
+        skipped = sum(r["train/skipped_step"] for r in steps)
+        print(f"--filter-groups: the updates used {used:.1%} of the sampled rows; {skipped:.0f} of {len(steps)} steps "
+              "had no group left and did no update")
+    name = score_name(cfg.task)
+    print(f"after {cfg.steps} steps ({seconds / 60:.1f} min): held-out {name} {before['gold']:.3f} -> "
+          f"{after['gold']:.3f} at KL {kl:.3f} (k1) / {kl3:.3f} (k3) nats per sequence (mean of the last 10 steps)"
+          + (f"; sampled at T = {cfg.temperature}: gold {before['sampled']['gold']:.3f} -> "
+             f"{after['sampled']['gold']:.3f} ± {after['sampled']['gold_se']:.3f}, held-out KL "
+             f"{after['sampled']['kl']:.2f}" if "sampled" in after else ""))
+    mcnemar = None
+    if cfg.task == "word-problems" and "gold_each" in before:  # the same problems before and after: a paired test
+        mcnemar = mcnemar_exact(before["gold_each"], after["gold_each"])
+        print(f"McNemar's exact test on the {len(before['gold_each'])} held-out problems: {mcnemar['b']} right before "
+              f"and wrong after, {mcnemar['c']} wrong before and right after, p = {mcnemar['p_value']:.2g}")
+    result = {"algo": cfg.algo, "task": cfg.task, "reward": cfg.reward, "mcnemar": mcnemar,
+              "before": {k: v for k, v in before.items() if k != "samples"},
+              "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": cfg.steps,
+              "seconds": seconds, "seed": run.seed, "init": str(run.init), "config": vars(pg_config(cfg)),
+              "lr": cfg.lr, "prompts": cfg.prompts, "eval_samples": cfg.eval_samples if cfg.task == "stories" else 0,
+              "device": str(run.device), "flags": common.flags_record(cfg)}
+    atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
+    cell = common.markdown_cell
+    samples = ["| prompt | response after RL | gold |", "|---|---|---:|"]
+    samples += [f"| {cell(s['prompt'])} | {cell(s['response'])} | {s['gold']:.2f} |" for s in after["samples"]]
+    atomic_write_text(out / "samples.md", "\n".join(samples) + "\n")
+    headline = (f"{cfg.steps} steps ({cfg.prompts} prompts x {cfg.k} samples) in {seconds / 60:.1f} min on "
+                f"{run.device}; reward: {cfg.reward}; β = {cfg.beta}. Held-out {name} **{before['gold']:.3f} → "
+                f"{after['gold']:.3f}** at a KL of {kl:.3f} nats per sequence.")
+    atomic_write_text(out / "report.md", "\n".join([f"## Chapter 7: {cfg.algo} on {cfg.task}", "", headline, "",
+                                                    f"![curves]({out.name}/curves.png)", "", "\n".join(samples), ""]))
+    write_summary(out, {k: v for k, v in result.items() if k not in ("config", "flags")}, cfg.quick)
+    return result
 
 
 def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = None) -> None:
-    steps = [r["step"] for r in records if "reward" in r]
+    """The sampled rewards and the held-out score; the KL (k1 and k3); for stories, the gold parts the reward model
+    cannot see."""
+    train = [r for r in records if "reward" in r]
+    steps = [r["step"] for r in train]
     evals = [r for r in records if greedy_key(task) in r]
     fig, axes = plt.subplots(1, 3 if task == "stories" else 2, figsize=(15 if task == "stories" else 10, 3.5))
     a1, a2 = axes[:2]
-    a1.plot(steps, [r["proxy/reward"] for r in records if "reward" in r], alpha=0.6, label="sampled: trained reward")
+    a1.plot(steps, [r["proxy/reward"] for r in train], alpha=0.6, label="sampled: trained reward")
     if task == "stories":
-        a1.plot(steps, [r["gold/reward"] for r in records if "reward" in r], alpha=0.6, label="sampled: gold reward")
+        a1.plot(steps, [r["gold/reward"] for r in train], alpha=0.6, label="sampled: gold reward")
     a1.plot([r["step"] for r in evals], [r[greedy_key(task)] for r in evals], marker="o",
-            label="held out, greedy: " + ("accuracy" if task == "word-problems" else "gold reward"))
+            label="held out, greedy: " + score_name(task))
     for k, value in (ceiling or {}).items():  # the SFT model's pass@k: what reweighting its samples can reach
         if int(k) in (1, 4, 16):
             a1.axhline(value, ls=":", color="grey")
             a1.annotate(f"SFT pass@{k}", (steps[0] if steps else 0, value), fontsize=7, color="grey", va="bottom")
     a1.set(xlabel="step", ylabel="reward")
-    a2.plot(steps, [r["objective/kl"] for r in records if "reward" in r], label="KL (k1, per sequence)")
-    a2.plot(steps, [r["objective/kl_k3"] for r in records if "reward" in r], label="KL (k3, per sequence)")
+    a2.plot(steps, [r["objective/kl"] for r in train], label="KL (k1, per sequence)")
+    a2.plot(steps, [r["objective/kl_k3"] for r in train], label="KL (k3, per sequence)")
     a2.set(xlabel="step", ylabel="nats")
     if task == "stories":  # the two parts of the gold reward that the reward model cannot see
-        for key, label in (("gold/wrong_name", "without the asked name"), ("gold/wrong_object", "without the asked object")):
-            axes[2].plot(steps, [r[key] for r in records if "reward" in r], alpha=0.7, label=label)
+        for key, label in (("gold/wrong_name", "without the asked name"),
+                           ("gold/wrong_object", "without the asked object")):
+            axes[2].plot(steps, [r[key] for r in train], alpha=0.7, label=label)
         axes[2].set(xlabel="step", ylabel="share of sampled stories")
     for a in axes:
         a.grid(alpha=0.3)
@@ -298,200 +407,16 @@ def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = Non
     save(fig, out / "curves.png")
 
 
-def pg_config(args) -> PGConfig:
-    """The update's settings from the command line (eval.json records them under "config")."""
-    return PGConfig(algo=args.algo, k=args.k, beta=args.beta, kl_in=args.kl_in, inner_epochs=args.inner_epochs,
-                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, loss_type=args.loss_type,
-                    filter_groups=args.filter_groups)
-
-
-def pg_run(args, out: Path, seed: int, init: Path, device) -> dict:
-    """One policy-gradient run from the SFT model in `init` into `out`; returns what eval.json holds."""
-    seed_everything(seed)
-    tok = Tokenizer.load(init)
-    policy = load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
-    reference = load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
-    rm = None
-    if args.reward == "rm" or args.task == "stories":
-        rm_dir = prerequisite("reward_model", args.quick, build=not args.no_build)
-        require_real(rm_dir, args.quick)
-        rm = RewardModel.load(rm_dir, device=device, vocab_size=tok.vocab_size).requires_grad_(False)
-
-    train_prompts, held_out, by_prompt, gold_fn = task_data(args.task, args.quick, args.eval_examples)
-    rm_fn = reward_fn(rm, tok) if rm is not None else None
-    train_fn = gold_fn if args.reward == "gold" else rm_fn
-    proxy_fn = None if args.reward == "gold" else rm_fn  # what held-out answers score on the trained reward
-    cfg = pg_config(args)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    baseline = MovingAverageBaseline()
-    print(f"{args.algo} on {args.task} ({len(train_prompts):,} training prompts, {len(held_out)} held out), reward: "
-          f"{'gold' if args.reward == 'gold' else 'the reward model'}; {args.prompts} prompts x {args.k} samples per "
-          f"step, β = {args.beta} (KL in the {args.kl_in}), lr {args.lr}, {args.steps} steps; the per-token loss "
-          f"aggregated as \"{normalisation(args.algo, args.loss_type)}\" ("
-          + (f"--loss-type {args.loss_type}" if args.loss_type else f"{args.algo}'s own") + ")"
-          + ("; prompts whose samples all got the same reward left out of the update (--filter-groups)"
-             if args.filter_groups else ""))
-
-    state_file = out / "last" / "train_state.pt"
-    if args.no_resume and out.exists():
-        shutil.rmtree(out)
-    start, before = 0, None
-    if state_file.is_file():
-        state = load_train_state(state_file)
-        load_state(policy, out / "last" / "model.safetensors")
-        optimizer.load_state_dict(state["optimizer"])
-        start, baseline.value, before = state["step"], state["baseline"], json.loads(state["before"])
-        torch.set_rng_state(state["rng"])
-        print(f"resuming {shown(out)} at step {start}")
-    start_run(out, fresh=() if start else ("metrics.jsonl", "rollout_samples.jsonl"))
-    if before is None:
-        before = evaluate_held_out(args, policy, reference, tok, held_out, proxy_fn, seed)
-        if args.task == "word-problems" and args.pass_at_k:
-            t0 = time.perf_counter()
-            before["pass_at_k"] = sampled_pass_at_k(policy, tok, held_out, args.pass_at_k, args.temperature, seed)
-            print(f"SFT model, {args.pass_at_k} samples per held-out problem at T = {args.temperature} "
-                  f"({time.perf_counter() - t0:.0f} s): " + ", ".join(f"pass@{k} {v:.3f}" for k, v in before["pass_at_k"].items()))
-        append_metrics(out / "metrics.jsonl", {"step": 0, **eval_record(before)})
-    print(f"before: held-out {'accuracy' if args.task == 'word-problems' else 'gold reward'} {before['gold']:.3f}")
-
-    generator = torch.Generator(device=device).manual_seed(seed + start)
-    t_start = time.perf_counter()
-    bar = tqdm(range(start, args.steps), desc=args.algo, unit="step", disable=args.quiet, dynamic_ncols=True)
-    for step in bar:
-        prompts = [train_prompts[(step * args.prompts + j) % len(train_prompts)]["prompt"] for j in range(args.prompts)]
-        t0 = time.perf_counter()
-        ro = rollout(policy, reference, tok, prompts, args.k, train_fn,  # gold is always logged; when it is the reward,
-                     None if args.reward == "gold" else gold_fn, args.max_new_tokens,  # the rollout copies it
-                     args.temperature, args.missing_eos_penalty, generator)
-        t1 = time.perf_counter()
-        metrics = pg_update(policy, optimizer, ro, cfg, baseline)
-        t2 = time.perf_counter()
-        if args.task == "stories":
-            metrics.update(story_parts([by_prompt[p]["spec"] for p in ro.prompts], ro.completions))
-        record = {"step": step + 1, **metrics, **{f"time/{k}_s": v for k, v in ro.seconds.items()},
-                  "time/rollout_s": t1 - t0, "time/update_s": t2 - t1}
-        if (step + 1) % args.eval_interval == 0 or step + 1 == args.steps:
-            record.update(eval_record(evaluate_held_out(args, policy, reference, tok, held_out, proxy_fn, seed)))
-            for row in top_samples(ro, step + 1, by_prompt, args.task):
-                append_metrics(out / "rollout_samples.jsonl", row)
-            save_gpt(policy, out / "last")
-            save_train_state(state_file, {"step": step + 1, "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
-                                          "baseline": baseline.value, "before": json.dumps(before)})
-        append_metrics(out / "metrics.jsonl", record)
-        bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
-    seconds = time.perf_counter() - t_start
-
-    after = evaluate_held_out(args, policy, reference, tok, held_out, proxy_fn, seed)
-    save_gpt(policy, out)
-    tok.save(out)
-    records = read_jsonl(out / "metrics.jsonl")
-    curves(out, records, args.task, before.get("pass_at_k"))
-    last = [r for r in records if "objective/kl" in r][-10:]
-    kl = sum(r["objective/kl"] for r in last) / max(1, len(last))  # k1: unbiased, can dip below 0 on a batch
-    kl3 = sum(r["objective/kl_k3"] for r in last) / max(1, len(last))  # k3: never below 0
-    if args.filter_groups:  # what DAPO's filter left the updates (it does not refill the batch)
-        steps = [r for r in records if "train/rows" in r]
-        used = sum(r["train/rows"] for r in steps) / max(1, len(steps) * args.prompts * args.k)
-        skipped = sum(r["train/skipped_step"] for r in steps)
-        print(f"--filter-groups: the updates used {used:.1%} of the sampled rows; {skipped:.0f} of {len(steps)} steps "
-              "had no group left and did no update")
-    name = "accuracy" if args.task == "word-problems" else "gold reward"
-    print(f"after {args.steps} steps ({seconds / 60:.1f} min): held-out {name} {before['gold']:.3f} -> {after['gold']:.3f} "
-          f"at KL {kl:.3f} (k1) / {kl3:.3f} (k3) nats per sequence (mean of the last 10 steps)"
-          + (f"; sampled at T = {args.temperature}: gold {before['sampled']['gold']:.3f} -> {after['sampled']['gold']:.3f} "
-             f"± {after['sampled']['gold_se']:.3f}, held-out KL {after['sampled']['kl']:.2f}" if "sampled" in after else ""))
-    mcnemar = None
-    if args.task == "word-problems" and "gold_each" in before:  # the same problems before and after: a paired test
-        mcnemar = mcnemar_exact(before["gold_each"], after["gold_each"])
-        print(f"McNemar's exact test on the {len(held_out)} held-out problems: {mcnemar['b']} right before and wrong "
-              f"after, {mcnemar['c']} wrong before and right after, p = {mcnemar['p_value']:.2g}")
-    result = {"algo": args.algo, "task": args.task, "reward": args.reward, "mcnemar": mcnemar,
-              "before": {k: v for k, v in before.items() if k != "samples"},
-              "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": args.steps,
-              "seconds": seconds, "seed": seed, "init": str(init), "config": vars(cfg), "lr": args.lr, "prompts": args.prompts,
-              "eval_samples": args.eval_samples if args.task == "stories" else 0,
-              "device": str(device)}
-    atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
-    cell = lambda s: s.replace("\n", " ").replace("|", "/")  # noqa: E731
-    samples = ["| prompt | response after RL | gold |", "|---|---|---:|"]
-    samples += [f"| {cell(s['prompt'])[:200]} | {cell(s['response'])[:200]} | {s['gold']:.2f} |" for s in after["samples"]]
-    atomic_write_text(out / "samples.md", "\n".join(samples) + "\n")
-    headline = (f"{args.steps} steps ({args.prompts} prompts x {args.k} samples) in {seconds / 60:.1f} min on {device}; "
-                f"reward: {args.reward}; β = {args.beta}. Held-out {name} **{before['gold']:.3f} → {after['gold']:.3f}** "
-                f"at a KL of {kl:.3f} nats per sequence.")
-    atomic_write_text(out / "report.md", "\n".join([f"## Chapter 7: {args.algo} on {args.task}", "", headline, "",
-                                                    f"![curves]({out.name}/curves.png)", "", "\n".join(samples), ""]))
-    write_summary(out, {k: v for k, v in result.items() if k != "config"}, args.quick)
-    return result
-
-
-def run_name(args) -> str:
-    """The default folder's name: pg_<task>_<algo>, then _<loss-type> (or _own) and _filter (or _nofilter) where those
-    differ from the task's recipe (TASK_DEFAULTS), so such a run never overwrites the default run later chapters read."""
-    recipe = TASK_DEFAULTS[args.task]
-    return (f"pg_{args.task}_{args.algo}"
-            + (f"_{args.loss_type or 'own'}" if args.loss_type != recipe["loss_type"] else "")
-            + (("_filter" if args.filter_groups else "_nofilter") if args.filter_groups != recipe["filter_groups"] else ""))
-
-
-def finished_seed(args, out: Path, seed: int) -> dict | None:
-    """The result of a finished run of this very configuration in `out` (a sweep picks up where it stopped), else None."""
-    if args.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
-        return None
-    result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
-    same = {"steps": args.steps, "seed": seed, "lr": args.lr, "prompts": args.prompts, "algo": args.algo}
-    same_cfg = {"k": args.k, "beta": args.beta, "temperature": args.temperature, "inner_epochs": args.inner_epochs,
-                "loss_type": args.loss_type, "filter_groups": args.filter_groups}
-    older = {"loss_type": None, "filter_groups": False}  # what runs from before these knobs did
-    if result.get("eval_samples", 0) != (args.eval_samples if args.task == "stories" else 0):  # (older runs: 0)
-        return None
-    if any(result.get(k) != v for k, v in same.items()) or any(result["config"].get(k, older.get(k)) != v
-                                                               for k, v in same_cfg.items()):
-        return None
-    print(f"seed {seed}: keeping the finished run in {shown(out)}")
-    return result
-
-
-def spread_table(results: list[dict], name: str, percent: bool = True) -> tuple[str, dict]:
-    """min / median / max over the seeds: the held-out score before and after, the gain, the KL, the minutes.
-    percent=False shows the scores as they are (a mean reward, not an accuracy)."""
-    rows = {"before": [r["before"]["gold"] for r in results], "after": [r["after"]["gold"] for r in results]}
-    rows["gain"] = [a - b for a, b in zip(rows["after"], rows["before"])]
-    rows["kl"] = [r["kl"] for r in results]
-    rows["minutes"] = [r["seconds"] / 60 for r in results]
-    spread = {k: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v} for k, v in rows.items()}
-    label = {"before": f"held-out {name}, SFT", "after": f"held-out {name}, after RL", "gain": "gain",
-             "kl": "KL (k1, nats/sequence)", "minutes": "training minutes"}
-    fmt = {"kl": "{:.3f}".format, "minutes": "{:.1f}".format,
-           "gain": (lambda x: f"{100 * x:+.1f} pts") if percent else "{:+.3f}".format}
-    lines = ["| | min | median | max | seeds 0.. |", "|---|---:|---:|---:|---|"]
-    for k, v in spread.items():
-        f = fmt.get(k, "{:.1%}".format if percent else "{:.3f}".format)
-        lines.append(f"| {label[k]} | {f(v['min'])} | {f(v['median'])} | {f(v['max'])} | {', '.join(map(f, v['runs']))} |")
-    return "\n".join(lines), spread
-
-
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    root = runs_root(args.quick)
-    device = pick_device(args.device)
-    if not args.seeds:
-        init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
-        return pg_run(args, args.out or root / run_name(args), args.seed, init, device)
-
-    sft_sweep = sft_seed_sweep(root, args.seeds)  # seed k of RL starts from seed k of SFT
-    sweep_dir = args.out or root / f"{run_name(args)}_seeds"
-    results = []
-    for k in range(args.seeds):
-        out = sweep_dir / f"seed{k}"
-        results.append(finished_seed(args, out, k) or pg_run(args, out, k, sft_sweep / f"seed{k}", device))
-    name = "accuracy" if args.task == "word-problems" else "gold reward"
-    text, spread = spread_table(results, name)
-    print(f"\n{args.seeds} seeds of {args.algo} on {args.task}, each from the SFT model of the same seed:\n{text}")
-    command = f"python chapters/ch07_policy_gradient.py {' '.join(argv if argv is not None else sys.argv[1:])}"
-    atomic_write_text(sweep_dir / "sweep.md", f"`{command.strip()}`\n\n{text}\n")
-    summary = {"seeds": list(range(args.seeds)), "spread": spread, "algo": args.algo, "task": args.task}
-    write_summary(sweep_dir, summary, args.quick)
+    cfg = parse_args(argv)
+    runs = common.runs_of(cfg, run_name(cfg))  # one run, or one per seed (seed k from chapter 5's seed k)
+    results = [common.finished_result(run.out, cfg, run.seed) or pg_run(cfg, run) for run in runs]
+    if not cfg.seeds:
+        return results[0]
+    text, spread = common.spread_table(common.gain_rows(results, score_name(cfg.task)))
+    print(f"\n{cfg.seeds} seeds of {cfg.algo} on {cfg.task}, each from the SFT model of the same seed:\n{text}")
+    summary = {"seeds": list(range(cfg.seeds)), "spread": spread, "algo": cfg.algo, "task": cfg.task}
+    common.write_sweep(runs[0].out.parent, "ch07_policy_gradient.py", argv, text, summary, cfg.quick)
     return summary
 
 

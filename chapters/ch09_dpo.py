@@ -19,7 +19,7 @@ Writes runs/dpo[_<variant>][_live]/: the policy (model.safetensors, config.json,
 side_by_side.jsonl, curves.png, kl_gold.png, logp_shift.png (the per-pair change of the chosen and rejected
 log-probs), eval.json (with the implicit reward's accuracy by gold part beside the reward model's, and the paired gain
 in gold over the SFT model with its standard error over prompts), samples.md, report.md and summary.json. An
-interrupted run resumes from its last evaluation (--no-resume starts over).
+interrupted run resumes from its last evaluation (--no-resume starts over), and a finished run of the same flags is kept.
 
 --pairs sampled trains on pairs of the SFT model's own stories instead (best and worst of 4 by gold, labelled with
 the tiny world's Bradley–Terry noise): on-policy data, into runs/dpo_sampled/.
@@ -36,34 +36,23 @@ the tiny world's Bradley–Terry noise): on-policy data, into runs/dpo_sampled/.
 
 from __future__ import annotations
 
-import gc
+import dataclasses
 import json
 import math
-import random
-import shutil
-import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import matplotlib.pyplot as plt
 import torch
-from ch06_reward_model import moving_average  # chapter 6's helper
-from ch07_policy_gradient import sft_seed_sweep, task_data  # chapter 7's helpers
 from tqdm import tqdm
 
-from llm_from_scratch import tinyworld
-from llm_from_scratch.checkpoint import (
-    append_metrics,
-    atomic_write_text,
-    load_state,
-    load_tensors,
-    load_train_state,
-    read_jsonl,
-    save_tensors,
-    save_train_state,
-)
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+import common  # chapters/common.py: the story prompts, resuming, seed sweeps
+from llm_from_scratch import dataset_files, gold_rewards
+from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, read_jsonl
 from llm_from_scratch.course import (
     finished_run,
     prerequisite,
@@ -76,27 +65,59 @@ from llm_from_scratch.course import (
 )
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device, seed_everything
-from llm_from_scratch.dpo import (LOSS_TYPES, DPOConfig, dpo_loss, dpo_step, frozen_logps, preference_batch,
-                                  preference_metrics, reference_logps)
-from llm_from_scratch.plots import save
+from llm_from_scratch.dpo import (
+    LOSS_TYPES,
+    DPOConfig,
+    cached_reference_logps,
+    dpo_loss,
+    dpo_step,
+    frozen_logps,
+    preference_batch,
+    preference_metrics,
+    reference_logps,
+    sampled_pairs,
+)
 from llm_from_scratch.evaluation import eval_record, paired_gain, sampled_eval  # the one evaluation of chapters 5-10
+from llm_from_scratch.plots import moving_average, save
 from llm_from_scratch.ppo import weights_held
 from llm_from_scratch.reward_model import agreement_by_part, gold_sign, load_preferences, ranking_scores
-from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
-from llm_from_scratch.train import load_gpt, save_gpt
+from llm_from_scratch.train import TrainConfig, load_gpt, lr_at, save_gpt
 
 DEFAULT = ("sigmoid", 0.5, 0.0)  # the default loss: DPO with β = 0.5 (loss type, β, label smoothing)
-METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
-           "logps/rejected")
+COMPARE = [("sigmoid", 0.1, 0.0), DEFAULT, ("sigmoid", 2.0, 0.0), ("ipo", 0.5, 0.0), ("sigmoid", 0.5, 0.1)]
 
 
-def parse_args(argv=None):
+@dataclass(frozen=True)
+class Config(common.CommonFlags):
+    """Every flag, after the pairs' defaults and quick mode filled them in: parsed once, never changed (--compare
+    makes one Config per loss with dataclasses.replace)."""
+    loss_type: str = "sigmoid"
+    beta: float = 0.5
+    label_smoothing: float = 0.0
+    reference: str = "cached"
+    init: Path | None = None
+    train_pairs: Path | None = None
+    pairs: str = "tinyworld"
+    samples_per_prompt: int = 4
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 5e-5
+    warmup: int = 20
+    eval_interval: int = 50
+    eval_prompts: int = 1000
+    eval_samples: int = 4
+    temperature: float = 1.0
+    max_new_tokens: int = 128
+    compare: bool = False
+
+
+def parse_args(argv=None) -> Config:
     ap = cli.parser(__doc__)
     ap.add_argument("--loss-type", default="sigmoid", choices=LOSS_TYPES, help="sigmoid (DPO, the default) or ipo")
-    ap.add_argument("--beta", type=float, default=DEFAULT[1],
+    ap.add_argument("--beta", type=cli.finite_float, default=DEFAULT[1],
                     help=f"β: the implicit reward's scale, the KL weight (default {DEFAULT[1]})")
-    ap.add_argument("--label-smoothing", type=float, default=0.0,
+    ap.add_argument("--label-smoothing", type=cli.finite_float, default=0.0,
                     help="ε > 0: conservative DPO, each label assumed flipped with probability ε (default 0)")
     ap.add_argument("--reference", default="cached", choices=["cached", "live"],
                     help="cached: the reference's log-probs computed once and the model released (default); "
@@ -113,16 +134,17 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int,
                     help="optimizer steps (default 300; --pairs sampled: 80, about 1.3 epochs of ~2,000 pairs)")
     ap.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32)")
-    ap.add_argument("--lr", type=float, default=5e-5, help="peak AdamW learning rate (default 5e-5)")
+    ap.add_argument("--lr", type=cli.finite_float, default=5e-5, help="peak AdamW learning rate (default 5e-5)")
     ap.add_argument("--warmup", type=int, default=20, help="steps of linear warmup, then cosine to lr/10 (default 20)")
     ap.add_argument("--eval-interval", type=int, help="steps between evaluations (default 50; --pairs sampled: 20)")
     ap.add_argument("--eval-prompts", type=int, default=1000, help="held-out story prompts to sample (default: all)")
     ap.add_argument("--eval-samples", type=int, default=4,
                     help="samples per held-out prompt (default 4, as chapters 8 and 10 evaluate)")
-    ap.add_argument("--temperature", type=float, default=1.0,
+    ap.add_argument("--temperature", type=cli.finite_float, default=1.0,
                     help="sampling temperature of the evaluations (default 1.0, where SFT leaves the gold reward room)")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="length limit of a sampled story (default 128)")
-    ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
+    ap.add_argument("--no-resume", action="store_true",
+                    help="start over even if --out holds an interrupted or finished run of the same flags")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="run seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, and print the spread")
     ap.add_argument("--compare", action="store_true",
@@ -130,36 +152,36 @@ def parse_args(argv=None):
                          "and tabulate")
     cli.add_common_args(ap, "dpo[_<variant>][_live]")
     cli.add_prerequisite_arg(ap)
-    args = ap.parse_args(argv)
-    args.quick = args.quick or quick_mode()
-    args.steps = args.steps or (80 if args.pairs == "sampled" else 300)
-    args.eval_interval = args.eval_interval or (20 if args.pairs == "sampled" else 50)
-    if args.pairs == "sampled" and args.train_pairs:
+    a = vars(ap.parse_args(argv))
+    a["quick"] = a["quick"] or quick_mode()
+    a["steps"] = a["steps"] or (80 if a["pairs"] == "sampled" else 300)
+    a["eval_interval"] = a["eval_interval"] or (20 if a["pairs"] == "sampled" else 50)
+    if a["pairs"] == "sampled" and a["train_pairs"]:
         ap.error("--train-pairs is a file of pairs; --pairs sampled makes its own: choose one")
-    if args.beta <= 0:
+    if a["beta"] <= 0:
         ap.error("--beta must be > 0")
-    if not 0 <= args.label_smoothing < 0.5:
+    if not 0 <= a["label_smoothing"] < 0.5:
         ap.error("--label-smoothing must be in [0, 0.5)")
-    if args.label_smoothing and args.loss_type == "ipo":
+    if a["label_smoothing"] and a["loss_type"] == "ipo":
         ap.error("--label-smoothing is conservative DPO's: it does not apply to --loss-type ipo")
-    if args.temperature <= 0:
+    if a["temperature"] <= 0:
         ap.error("--temperature must be > 0 (the KL to the reference is estimated from samples)")
-    if args.seeds < 0:
+    if a["seeds"] < 0:
         ap.error("--seeds must be ≥ 0")
-    if args.compare and args.pairs == "sampled":
+    if a["compare"] and a["pairs"] == "sampled":
         ap.error("--compare compares the losses on the tiny world's pairs; leave out --pairs sampled")
-    if args.seeds and (args.init or args.compare):
+    if a["seeds"] and (a["init"] or a["compare"]):
         ap.error("--seeds starts seed k from runs/sft_seeds/seed<k> (chapter 5's sweep); leave out --init and --compare")
     for flag in ("steps", "batch_size", "eval_interval", "eval_prompts", "eval_samples", "max_new_tokens",
                  "samples_per_prompt"):
-        if getattr(args, flag) < 1:
+        if a[flag] < 1:
             ap.error(f"--{flag.replace('_', '-')} must be ≥ 1")
-    if args.lr <= 0 or args.warmup < 0:
+    if a["lr"] <= 0 or a["warmup"] < 0:
         ap.error("--lr must be > 0 and --warmup ≥ 0")
-    if args.quick:
-        args.steps, args.batch_size, args.warmup, args.eval_interval = 6, 4, 2, 3
-        args.eval_prompts, args.eval_samples, args.max_new_tokens = 4, 1, 24
-    return args
+    if a["quick"]:
+        a.update(steps=6, batch_size=4, warmup=2, eval_interval=3, eval_prompts=4, eval_samples=1, max_new_tokens=24)
+    return Config(**a)
+
 
 
 def variant(loss_type: str, beta: float, label_smoothing: float) -> str:
@@ -168,82 +190,233 @@ def variant(loss_type: str, beta: float, label_smoothing: float) -> str:
     return f"{name}_beta{beta:g}"
 
 
-def run_name(args) -> str:
-    default = (args.loss_type, args.beta, args.label_smoothing) == DEFAULT
-    return ("dpo" if default else f"dpo_{variant(args.loss_type, args.beta, args.label_smoothing)}") + \
-        ("_sampled" if args.pairs == "sampled" else "") + ("_live" if args.reference == "live" else "")
-
-
-def lr_at(step: int, args) -> float:
-    """Linear warmup, then cosine from lr to lr/10 at the last step."""
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
-    return args.lr / 10 + 0.9 * args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+def run_name(cfg: Config) -> str:
+    default = (cfg.loss_type, cfg.beta, cfg.label_smoothing) == DEFAULT
+    return (("dpo" if default else f"dpo_{variant(cfg.loss_type, cfg.beta, cfg.label_smoothing)}")
+            + ("_sampled" if cfg.pairs == "sampled" else "") + ("_live" if cfg.reference == "live" else ""))
 
 
 def usable_pairs(tok: Tokenizer, rows: list[dict], context_length: int) -> list[dict]:
     """The pairs whose two responses, in the chat template with EOS, fit the model's context."""
-    fits = lambda p: max(len(encode_chat(tok, p["prompt"], p[s])[0]) for s in ("chosen", "rejected")) <= context_length  # noqa: E731
+    def fits(p):
+        return max(len(encode_chat(tok, p["prompt"], p[s])[0]) for s in ("chosen", "rejected")) <= context_length
     return [p for p in rows if fits(p)]
 
 
-def sampled_pairs(model, tok, prompts: list[dict], k: int, temperature: float, max_new_tokens: int,
-                  seed: int) -> list[dict]:
-    """Preference pairs from the model's own stories: k samples of each prompt, the best and the worst by the gold
-    reward (a prompt whose k stories tie is dropped), labelled as the tiny world labels its pairs: the better story
-    is the chosen one with probability σ(8 (gold_a − gold_b)). On-policy data: the differences are the model's own
-    mistakes, not the generator's corruptions."""
-    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(20_000 + seed)
-    stories = [text for text, _ in answer(model, tok, [p["prompt"] for p in prompts for _ in range(k)], max_new_tokens,
-                                          temperature=temperature, generator=generator)]
-    rng, pairs = random.Random(seed), []
-    for i, p in enumerate(prompts):
-        cands = [s for s in stories[i * k:(i + 1) * k] if "<|" not in s]  # a sampled special token: not text to re-encode
-        golds = [tinyworld.story_reward(p["spec"], s) for s in cands]
-        if len(cands) < 2 or max(golds) == min(golds):
-            continue
-        hi, lo = golds.index(max(golds)), golds.index(min(golds))
-        p_better = tinyworld.sigmoid(tinyworld.BT_BETA * (golds[hi] - golds[lo]))
-        (c, gc), (r, gr) = ((cands[hi], golds[hi]), (cands[lo], golds[lo]))
-        if rng.random() >= p_better:  # the labeller's noise
-            (c, gc), (r, gr) = (r, gr), (c, gc)
-        pairs.append({"prompt": p["prompt"], "chosen": c, "rejected": r, "gold_chosen": gc, "gold_rejected": gr,
-                      "p_chosen": tinyworld.sigmoid(tinyworld.BT_BETA * (gc - gr)), "spec": p["spec"]})
-    return pairs
+class Pairs(NamedTuple):
+    train: list[dict]  # the training pairs that fit the context
+    val: list[dict]  # the held-out pairs that fit the context
+    val_rows: list[dict]  # every held-out pair (with its story spec: the rankings by gold part read it)
+    train_ref: torch.Tensor | None  # (N_train, 2) the reference's log-probs (chosen, rejected); None: --reference live
+    val_ref: torch.Tensor  # (N_val, 2)
 
 
-def cached_reference(file: Path, init: Path, tok, device, train_pairs, val_pairs,
-                     reuse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference's log-probs of every training and held-out pair, (N, 2) each: read from `file` when `reuse` (an
-    interrupted start of this run, or another variant of a --compare, computed them), else computed now by the
-    reference model, which is then released, and saved to `file`."""
-    if reuse and file.is_file():
-        cache = load_tensors(file)
-        if cache["train"].shape[0] == len(train_pairs) and cache["val"].shape[0] == len(val_pairs):
-            return cache["train"], cache["val"]
-    reference = load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
+def training_rows(cfg: Config, run: common.Run, policy, tok, resuming: bool) -> list[dict]:
+    """The pairs to train on: a file's (the tiny world's, or --train-pairs), or --pairs sampled: the SFT model's own
+    stories, sampled now (or, when resuming, read back from the run folder)."""
+    if cfg.pairs == "tinyworld":  # a malformed line: an error naming it
+        return load_preferences(cfg.train_pairs or dataset_paths(cfg)["preferences_train"])
+    pairs_file = run.out / "sampled_pairs.jsonl"
+    if resuming and pairs_file.is_file():
+        return load_preferences(pairs_file)
     t0 = time.perf_counter()
-    train_ref, val_ref = reference_logps(reference, tok, train_pairs, 64), reference_logps(reference, tok, val_pairs, 64)
-    del reference  # released: training holds the policy's weights only
-    gc.collect()
-    save_tensors(file, {"train": train_ref, "val": val_ref}, {"init": str(init)})
-    print(f"the reference's log-probs of {len(train_pairs):,} + {len(val_pairs):,} pairs, once "
-          f"({time.perf_counter() - t0:.0f} s), saved to {shown(file)}; the reference model is released")
-    return train_ref, val_ref
+    story_prompts = common.task_data("stories", cfg.quick, 0).train_prompts
+    rows = sampled_pairs(policy, tok, story_prompts, cfg.samples_per_prompt, cfg.temperature, cfg.max_new_tokens,
+                         run.seed)
+    atomic_write_text(pairs_file, "".join(json.dumps(r) + "\n" for r in rows))
+    print(f"{len(rows):,} pairs from {cfg.samples_per_prompt} SFT stories of each of {len(story_prompts):,} story "
+          f"prompts (the others tied on gold) in {time.perf_counter() - t0:.0f} s, saved to {shown(pairs_file)}")
+    if not rows:
+        raise ValueError(f"--pairs sampled: the {cfg.samples_per_prompt} stories of every prompt tied on gold, so the "
+                         "model's own stories give no pair; raise --samples-per-prompt or start from a better SFT model")
+    return rows
 
 
-def pair_eval(policy, tok, pairs: list[dict], ref: torch.Tensor, cfg: DPOConfig) -> tuple[dict, torch.Tensor]:
+def dataset_paths(cfg: Config) -> dict[str, Path]:
+    return dataset_files.ensure_datasets(tinyworld_dir(cfg.quick), seed=0, **(dataset_files.QUICK_SIZES if cfg.quick else {}))
+
+
+def pair_eval(policy, tok, pairs: list[dict], ref: torch.Tensor, loss: DPOConfig) -> tuple[dict, torch.Tensor]:
     """The DPO loss and metrics on held-out pairs, and the policy's log-probs of them (N, 2)."""
     logps = reference_logps(policy, tok, pairs, 64)  # the same no-grad pass, through the policy
-    losses, rc, rr = dpo_loss(logps[:, 0], logps[:, 1], ref[:, 0], ref[:, 1], cfg.beta, cfg.loss_type, cfg.label_smoothing)
+    losses, rc, rr = dpo_loss(logps[:, 0], logps[:, 1], ref[:, 0], ref[:, 1], loss.beta, loss.loss_type,
+                              loss.label_smoothing)
     return {"loss": losses.mean().item(), **preference_metrics(rc, rr, logps[:, 0], logps[:, 1])}, logps
 
 
-def reference_model(live, init: Path, tok, device):
-    """The live reference, or (cached mode) the reference loaded from its checkpoint for one evaluation."""
-    return live if live is not None else load_gpt(init, device=device, vocab_size=tok.vocab_size,
-                                                  dropout=0.0).requires_grad_(False)
+def side_by_side(step: int, before: dict, now: dict) -> list[dict]:
+    """The same held-out prompts, answered with the same random numbers by the reference and by the policy."""
+    return [{"step": step, "prompt": b["prompt"], "reference": b["response"], "policy": n["response"],
+             "gold_reference": b["gold"], "gold_policy": n["gold"]} for b, n in zip(before["samples"], now["samples"])]
+
+
+def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> dict:
+    """One DPO run from the SFT model in run.init into run.out; returns what eval.json holds. shared_cache: --compare's
+    one file of reference log-probs for every loss (the same model, the same pairs)."""
+    t_run = time.perf_counter()
+    out, seed, device = run.out, run.seed, run.device
+    seed_everything(seed)
+    tok = Tokenizer.load(run.init)
+    policy = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    weights = {"model.safetensors": policy}  # what out/last/ holds, for resuming
+    state = common.resume(out, cfg, weights, optimizer, logs=("metrics.jsonl", "side_by_side.jsonl"))
+    start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
+    start_run(out)
+
+    ctx = policy.config.context_length
+    val_rows = load_preferences(dataset_paths(cfg)["preferences_val"])
+    train_rows = training_rows(cfg, run, policy, tok, resuming=state is not None)
+    train, val = usable_pairs(tok, train_rows, ctx), usable_pairs(tok, val_rows, ctx)
+    if not train:
+        raise ValueError(f"{cfg.train_pairs or dataset_paths(cfg)['preferences_train']}: no pair fits the model's "
+                         f"context of {ctx} tokens")
+    held_out = common.task_data("stories", cfg.quick, cfg.eval_prompts).held_out
+    loss_cfg = DPOConfig(beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
+
+    def load_reference():
+        return load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
+
+    live = load_reference() if cfg.reference == "live" else None
+    if live is not None:  # held-out pairs are scored all at once either way
+        pairs = Pairs(train, val, val_rows, None, reference_logps(live, tok, val, 64))
+    else:
+        t0 = time.perf_counter()
+        cache_file = shared_cache or out / "reference_logps.safetensors"
+        cache, computed = cached_reference_logps(cache_file, load_reference, tok, {"train": train, "val": val},
+                                                 reuse=start > 0 or shared_cache is not None)
+        pairs = Pairs(train, val, val_rows, cache["train"], cache["val"])
+        if computed:
+            print(f"the reference's log-probs of {len(train):,} + {len(val):,} pairs, once "
+                  f"({time.perf_counter() - t0:.0f} s), saved to {shown(cache_file)}; the reference model is released")
+    memory = weights_held({"policy": policy, **({"reference": live} if live is not None else {})})
+    print(f"{variant(cfg.loss_type, cfg.beta, cfg.label_smoothing)} on {len(train):,} training pairs "
+          f"({len(train_rows) - len(train)} too long dropped), {len(val):,} held out; {cfg.steps} steps of "
+          f"{cfg.batch_size} pairs ({cfg.steps * cfg.batch_size / len(train):.2f} epochs), lr {cfg.lr:g}; "
+          f"reference {cfg.reference}; weights held while training: "
+          + ", ".join(f"{k} {v['params'] / 1e6:.2f} M" for k, v in memory.items()))
+
+    def evaluate(step: int, record: bool = True) -> dict:
+        """Held-out pair metrics and the sampled evaluation; appends their record and the side-by-side rows (not
+        when `record` is False: a run resumed at its last step has them already)."""
+        metrics, _ = pair_eval(policy, tok, val, pairs.val_ref, loss_cfg)
+        reference = live if live is not None else load_reference()  # cached mode: loaded for this evaluation only
+        result = sampled_eval(policy, reference, tok, held_out, cfg.eval_samples, cfg.temperature,
+                              cfg.max_new_tokens, None, seed)
+        if record:
+            append_metrics(out / "metrics.jsonl", {"step": step, **{f"val/{k}": v for k, v in metrics.items()},
+                                                   **eval_record(result, "eval/sampled")})  # no proxy: gold is all
+            for row in side_by_side(step, before or result, result):
+                append_metrics(out / "side_by_side.jsonl", row)
+        return result
+
+    t0 = time.perf_counter()
+    if before is None:
+        before = evaluate(0)
+        print(f"SFT model ({time.perf_counter() - t0:.0f} s): held-out gold {before['gold']:.3f} ± "
+              f"{before['gold_se']:.3f} ({before['n']} samples at T = {cfg.temperature})")
+    schedule = TrainConfig(lr=cfg.lr, min_lr=cfg.lr / 10, warmup_steps=cfg.warmup, max_steps=cfg.steps)
+    order = torch.cat([torch.randperm(len(train), generator=torch.Generator().manual_seed(seed * 1000 + e))
+                       for e in range(math.ceil(cfg.steps * cfg.batch_size / len(train)))])
+    t_start, eval_seconds, result = time.perf_counter(), 0.0, None
+    bar = tqdm(range(start, cfg.steps), desc="dpo", unit="step", disable=cfg.quiet, dynamic_ncols=True)
+    for step in bar:
+        idx = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
+        batch = tuple(t.to(device) for t in preference_batch(tok, [train[i] for i in idx.tolist()]))
+        if live is not None:
+            ref_chosen, ref_rejected = frozen_logps(live, *batch)
+        else:
+            ref_chosen, ref_rejected = pairs.train_ref[idx, 0].to(device), pairs.train_ref[idx, 1].to(device)
+        lr = lr_at(step, schedule)  # linear warmup, then cosine to lr/10 (chapter 4's schedule)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        metrics = dpo_step(policy, optimizer, batch, ref_chosen, ref_rejected, loss_cfg)
+        common.require_finite_metrics(metrics, ("loss",), step + 1, out)
+        append_metrics(out / "metrics.jsonl", {"step": step + 1, "lr": lr,
+                                               **{f"train/{k}": v for k, v in metrics.items()}})
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['rewards/accuracies']:.2f}",
+                        margin=f"{metrics['rewards/margins']:.2f}")
+        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
+            t_eval = time.perf_counter()
+            result = evaluate(step + 1)
+            eval_seconds += time.perf_counter() - t_eval
+            if not cfg.quiet:
+                tqdm.write(f"step {step + 1}: held-out gold {result['gold']:.3f}, KL {result['kl']:.2f} nats")
+            save_gpt(policy, out / "last")
+            common.save_state(out, cfg, step + 1, optimizer, weights, before=json.dumps(before))
+    seconds = time.perf_counter() - t_start
+    after = result if result is not None else evaluate(cfg.steps, record=False)  # resumed after its last step
+    save_gpt(policy, out)
+    tok.save(out)
+    outcome = {"before": before, "after": after, "seconds": seconds, "eval_seconds": eval_seconds, "memory": memory}
+    result = report(cfg, run, policy, tok, pairs, outcome)
+    result["wall_seconds"] = time.perf_counter() - t_run  # everything: the reference's pass, evaluations, figures
+    atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
+    write_summary(out, {k: v for k, v in result.items() if k != "flags"}, cfg.quick)
+    print(f"{shown(out)}: {result['wall_seconds'] / 60:.1f} min in all, the reference's pass and every evaluation "
+          "included")
+    return result
+
+
+def report(cfg: Config, run: common.Run, policy, tok, pairs: Pairs, outcome: dict) -> dict:
+    """The final numbers, the figures, samples.md and report.md; what eval.json will hold."""
+    out, before, after = run.out, outcome["before"], outcome["after"]
+    loss_cfg = DPOConfig(beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
+    val_metrics, logps = pair_eval(policy, tok, pairs.val, pairs.val_ref, loss_cfg)
+    shift = logps - pairs.val_ref  # (N, 2): how far each held-out response's log-prob moved
+    logp_shift_figure(out, shift)
+    records = read_jsonl(out / "metrics.jsonl")
+    curves(out, records)
+    kl_gold_figure(out, records, before)
+
+    # which parts of the gold reward each ranking sees: the implicit reward, the SFT model's per-token likelihood,
+    # and (when chapter 6 has run) the reward model
+    lengths = torch.tensor([[len(tok.encode(p[s])) + 1 for s in ("chosen", "rejected")] for p in pairs.val])
+    per_token = pairs.val_ref / lengths
+    margins = {"implicit reward (DPO)": cfg.beta * (shift[:, 0] - shift[:, 1]),
+               "SFT log-lik per token": per_token[:, 0] - per_token[:, 1]}
+    ranked, parts = rankings(pairs.val_rows, pairs.val, margins)
+    rm_run = finished_run(runs_root(cfg.quick) / "reward_model")  # chapter 6's numbers, as they are now
+    if rm_run and "by_part" in rm_run:
+        parts["reward model (ch. 6)"] = rm_run["by_part"]
+        ranked["reward model (ch. 6)"] = {"accuracy": rm_run["accuracy"], "gold_agreement": rm_run["gold_agreement"]}
+    gain_mean, gain_se = paired_gain(after["gold_each"], before["gold_each"], cfg.eval_samples)  # the same draws
+    both_fell = ((shift[:, 0] < 0) & (shift[:, 1] < 0)).float().mean().item()
+    seconds, eval_seconds = outcome["seconds"], outcome["eval_seconds"]
+    train_seconds = seconds - eval_seconds
+    print(f"after {cfg.steps} steps ({seconds / 60:.1f} min, of which {eval_seconds / 60:.1f} evaluating)\n"
+          f"held-out pairs: accuracy {val_metrics['rewards/accuracies']:.3f}"
+          + (f" (the reward model of chapter 6: {rm_run['accuracy']:.3f})" if rm_run else "")
+          + f", margin {val_metrics['rewards/margins']:+.3f}, chosen {val_metrics['rewards/chosen']:+.3f}, rejected "
+          f"{val_metrics['rewards/rejected']:+.3f}; both log-probs fell in {both_fell:.0%} of the pairs\n"
+          f"sampled stories: gold {before['gold']:.3f} → {after['gold']:.3f} (paired gain {gain_mean:+.3f} ± "
+          f"{gain_se:.3f}) at a KL of {after['kl']:.2f} nats (k3 {after['kl_k3']:.2f})")
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("samples", "gold_each", "proxy_each", "completions")}  # noqa: E731
+    result = {"pairs": cfg.pairs, "loss_type": cfg.loss_type, "beta": cfg.beta, "label_smoothing": cfg.label_smoothing,
+              "variant": variant(cfg.loss_type, cfg.beta, cfg.label_smoothing), "reference": cfg.reference,
+              "val": val_metrics, "accuracy": val_metrics["rewards/accuracies"], "rankings": ranked, "by_part": parts,
+              "before": strip(before), "after": strip(after), "gold_gain": gain_mean, "gold_gain_se": gain_se,
+              "kl": after["kl"], "kl_k3": after["kl_k3"], "both_fell": both_fell,
+              "shift_mean": {"chosen": shift[:, 0].mean().item(), "rejected": shift[:, 1].mean().item()},
+              "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "warmup": cfg.warmup, "seed": run.seed,
+              "init": str(run.init), "train_pairs": len(pairs.train), "val_pairs": len(pairs.val),
+              "epochs": cfg.steps * cfg.batch_size / len(pairs.train), "seconds": seconds,
+              "train_seconds": train_seconds, "seconds_per_step": train_seconds / max(1, cfg.steps),
+              "eval_samples": cfg.eval_samples, "temperature": cfg.temperature, "weights_held": outcome["memory"],
+              "device": str(run.device), "flags": common.flags_record(cfg)}
+    cell = lambda s: common.markdown_cell(s, 220)  # noqa: E731
+    rows = side_by_side(cfg.steps, before, after)
+    samples = ["| prompt | reference (SFT) | gold | after DPO | gold |", "|---|---|---:|---|---:|"]
+    samples += [f"| {cell(r['prompt'])} | {cell(r['reference'])} | {r['gold_reference']:.2f} | {cell(r['policy'])} | "
+                f"{r['gold_policy']:.2f} |" for r in rows]
+    atomic_write_text(out / "samples.md", "\n".join(samples) + "\n")
+    data = "the SFT model's own stories" if cfg.pairs == "sampled" else "the tiny world's pairs"
+    atomic_write_text(out / "report.md", "\n".join(
+        [f"## Chapter 9: {result['variant']} on {data} (reference {cfg.reference})", "", headline(result, rm_run), "",
+         parts_markdown(parts, ranked), "", f"![curves]({out.name}/curves.png)", "",
+         f"![KL and gold]({out.name}/kl_gold.png)", "", f"![log-prob shifts]({out.name}/logp_shift.png)", "",
+         "\n".join(samples), ""]))
+    return result
 
 
 def curves(out: Path, records: list[dict]) -> None:
@@ -314,197 +487,15 @@ def logp_shift_figure(out: Path, shift: torch.Tensor) -> None:
     save(fig, out / "logp_shift.png")
 
 
-def side_by_side(step: int, before: dict, now: dict) -> list[dict]:
-    """The same held-out prompts, answered with the same random numbers by the reference and by the policy."""
-    return [{"step": step, "prompt": b["prompt"], "reference": b["response"], "policy": n["response"],
-             "gold_reference": b["gold"], "gold_policy": n["gold"]} for b, n in zip(before["samples"], now["samples"])]
-
-
-def dpo_run(args, out: Path, seed: int, init: Path, device) -> dict:
-    """One DPO run from the SFT model in `init` into `out`; returns what eval.json holds."""
-    t_run = time.perf_counter()
-    seed_everything(seed)
-    tok = Tokenizer.load(init)
-    policy = load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
-    ctx = policy.config.context_length
-    paths = tinyworld.ensure_datasets(tinyworld_dir(args.quick), seed=0, **(tinyworld.QUICK_SIZES if args.quick else {}))
-    val_rows = load_preferences(paths["preferences_val"])
-    state_file = out / "last" / "train_state.pt"
-    if (args.no_resume or finished_run(out)) and out.exists():  # a finished run is made anew, not resumed
-        shutil.rmtree(out)
-    pairs_file = out / "sampled_pairs.jsonl"
-    if args.pairs == "tinyworld":  # a malformed line: an error naming it
-        train_rows = load_preferences(args.train_pairs or paths["preferences_train"])
-    elif state_file.is_file() and pairs_file.is_file():  # resuming: the pairs this run sampled
-        train_rows = load_preferences(pairs_file)
-    else:
-        t0 = time.perf_counter()
-        story_prompts, _, _, _ = task_data("stories", args.quick, 0)
-        train_rows = sampled_pairs(policy, tok, story_prompts, args.samples_per_prompt, args.temperature,
-                                   args.max_new_tokens, seed)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(pairs_file, "".join(json.dumps(r) + "\n" for r in train_rows))
-        print(f"{len(train_rows):,} pairs from {args.samples_per_prompt} SFT stories of each of {len(story_prompts):,} "
-              f"story prompts (the others tied on gold) in {time.perf_counter() - t0:.0f} s, saved to {shown(pairs_file)}")
-        if not train_rows:
-            raise ValueError(f"--pairs sampled: the {args.samples_per_prompt} stories of every prompt tied on gold, so the "
-                             "model's own stories give no pair; raise --samples-per-prompt or start from a better SFT model")
-    train_pairs, val_pairs = usable_pairs(tok, train_rows, ctx), usable_pairs(tok, val_rows, ctx)
-    if not train_pairs:
-        raise ValueError(f"{args.train_pairs or paths['preferences_train']}: no pair fits the model's context of {ctx} tokens")
-    _, held_out, _, _ = task_data("stories", args.quick, args.eval_prompts)
-    cfg = DPOConfig(beta=args.beta, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
-    start, before = 0, None
-    if state_file.is_file():
-        state = load_train_state(state_file)
-        start, before = state["step"], json.loads(state["before"])
-    start_run(out, fresh=() if start else ("metrics.jsonl", "side_by_side.jsonl"))
-    live = None
-    if args.reference == "live":
-        live = load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
-        train_ref = None
-        val_ref = reference_logps(live, tok, val_pairs, 64)  # held-out pairs are scored all at once either way
-    else:
-        shared = getattr(args, "shared_cache", None)  # --compare: one cache for every variant (the same model and pairs)
-        train_ref, val_ref = cached_reference(shared or out / "reference_logps.safetensors", init, tok, device,
-                                              train_pairs, val_pairs, reuse=start > 0 or shared is not None)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    memory = weights_held({"policy": policy, **({"reference": live} if live is not None else {})})
-    print(f"{variant(args.loss_type, args.beta, args.label_smoothing)} on {len(train_pairs):,} training pairs "
-          f"({len(train_rows) - len(train_pairs)} too long dropped), {len(val_pairs):,} held out; {args.steps} steps of "
-          f"{args.batch_size} pairs ({args.steps * args.batch_size / len(train_pairs):.2f} epochs), lr {args.lr:g}; "
-          f"reference {args.reference}; weights held while training: " +
-          ", ".join(f"{k} {v['params'] / 1e6:.2f} M" for k, v in memory.items()))
-    if start:
-        load_state(policy, out / "last" / "model.safetensors")
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        print(f"resuming {shown(out)} at step {start}")
-
-    def evaluate(step: int) -> dict:
-        """Held-out pair metrics and the sampled evaluation; appends the side-by-side rows."""
-        metrics, _ = pair_eval(policy, tok, val_pairs, val_ref, cfg)
-        result = sampled_eval(policy, reference_model(live, init, tok, device), tok, held_out, args.eval_samples,
-                              args.temperature, args.max_new_tokens, None, seed)
-        record = {"step": step, **{f"val/{k}": v for k, v in metrics.items()},
-                  **eval_record(result, "eval/sampled")}  # gold, gold_se, kl, kl_k3, length (no proxy: gold is all)
-        append_metrics(out / "metrics.jsonl", record)
-        for row in side_by_side(step, before or result, result):
-            append_metrics(out / "side_by_side.jsonl", row)
-        return result
-
-    t0 = time.perf_counter()
-    if before is None:
-        before = evaluate(0)
-        print(f"SFT model ({time.perf_counter() - t0:.0f} s): held-out gold {before['gold']:.3f} ± {before['gold_se']:.3f} "
-              f"({before['n']} samples at T = {args.temperature})")
-    order = torch.cat([torch.randperm(len(train_pairs), generator=torch.Generator().manual_seed(seed * 1000 + e))
-                       for e in range(math.ceil(args.steps * args.batch_size / len(train_pairs)))])
-    t_start, eval_seconds = time.perf_counter(), 0.0
-    bar = tqdm(range(start, args.steps), desc="dpo", unit="step", disable=args.quiet, dynamic_ncols=True)
-    for step in bar:
-        idx = order[step * args.batch_size:(step + 1) * args.batch_size]
-        batch = tuple(t.to(device) for t in preference_batch(tok, [train_pairs[i] for i in idx.tolist()]))
-        if live is not None:
-            ref_chosen, ref_rejected = frozen_logps(live, *batch)
-        else:
-            ref_chosen, ref_rejected = train_ref[idx, 0].to(device), train_ref[idx, 1].to(device)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args)
-        metrics = dpo_step(policy, optimizer, batch, ref_chosen, ref_rejected, cfg)
-        append_metrics(out / "metrics.jsonl", {"step": step + 1, "lr": lr_at(step, args),
-                                               **{f"train/{k}": v for k, v in metrics.items()}})
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['rewards/accuracies']:.2f}",
-                        margin=f"{metrics['rewards/margins']:.2f}")
-        if (step + 1) % args.eval_interval == 0 or step + 1 == args.steps:
-            t_eval = time.perf_counter()
-            result = evaluate(step + 1)
-            eval_seconds += time.perf_counter() - t_eval
-            if not args.quiet:
-                tqdm.write(f"step {step + 1}: held-out gold {result['gold']:.3f}, KL {result['kl']:.2f} nats")
-            save_gpt(policy, out / "last")
-            save_train_state(state_file, {"step": step + 1, "optimizer": optimizer.state_dict(),
-                                          "rng": torch.get_rng_state(), "before": json.dumps(before)})
-    seconds = time.perf_counter() - t_start
-    after = result if start < args.steps else evaluate(args.steps)
-    result = finish(args, out, seed, init, device, policy, tok, train_pairs, val_rows, val_pairs, val_ref, cfg, before,
-                    after, seconds, eval_seconds, memory)
-    result["wall_seconds"] = time.perf_counter() - t_run  # everything: the reference's pass, evaluations, figures
-    atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
-    write_summary(out, result, args.quick)
-    print(f"{shown(out)}: {result['wall_seconds'] / 60:.1f} min in all, the reference's pass and every evaluation included")
-    return result
-
-
 def rankings(val_rows, val_pairs, margins: dict[str, torch.Tensor]) -> tuple[dict[str, dict], dict[str, dict]]:
     """For each named ranking of the held-out pairs (margins: name -> (N,)): its accuracy against the labels and its
     agreement with the gold ranking (chapter 6's ranking_scores), and chapter 6's agreement_by_part."""
     kept = {(p["prompt"], p["chosen"], p["rejected"]) for p in val_pairs}
     rows = [p for p in val_rows if (p["prompt"], p["chosen"], p["rejected"]) in kept]
-    parts = [tuple(tinyworld.story_reward_parts(p["spec"], p[k]) for k in ("chosen", "rejected")) for p in rows]
+    parts = [tuple(gold_rewards.story_reward_parts(p["spec"], p[k]) for k in ("chosen", "rejected")) for p in rows]
     gold = gold_sign(rows)
     scores = {name: dict(zip(("accuracy", "gold_agreement"), ranking_scores(m, gold))) for name, m in margins.items()}
     return scores, {name: agreement_by_part(parts, m, gold) for name, m in margins.items()}
-
-
-def finish(args, out, seed, init, device, policy, tok, train_pairs, val_rows, val_pairs, val_ref, cfg, before, after,
-           seconds, eval_seconds, memory) -> dict:
-    """The final numbers, the checkpoint, the figures, samples.md and report.md; what eval.json will hold."""
-    save_gpt(policy, out)
-    tok.save(out)
-    val_metrics, logps = pair_eval(policy, tok, val_pairs, val_ref, cfg)
-    shift = logps - val_ref  # (N, 2): how far each held-out response's log-prob moved
-    logp_shift_figure(out, shift)
-    records = read_jsonl(out / "metrics.jsonl")
-    curves(out, records)
-    kl_gold_figure(out, records, before)
-
-    # which parts of the gold reward each ranking sees: the implicit reward, the SFT model's per-token likelihood,
-    # and (when chapter 6 has run) the reward model
-    lengths = torch.tensor([[len(tok.encode(p[s])) + 1 for s in ("chosen", "rejected")] for p in val_pairs])
-    per_token = val_ref / lengths
-    margins = {"implicit reward (DPO)": cfg.beta * (shift[:, 0] - shift[:, 1]),
-               "SFT log-lik per token": per_token[:, 0] - per_token[:, 1]}
-    ranked, parts = rankings(val_rows, val_pairs, margins)
-    rm_run = finished_run(runs_root(args.quick) / "reward_model")  # chapter 6's numbers, as they are now
-    if rm_run and "by_part" in rm_run:
-        parts["reward model (ch. 6)"] = rm_run["by_part"]
-        ranked["reward model (ch. 6)"] = {"accuracy": rm_run["accuracy"], "gold_agreement": rm_run["gold_agreement"]}
-    gain_mean, gain_se = paired_gain(after["gold_each"], before["gold_each"], args.eval_samples)  # the same draws
-    both_fell = ((shift[:, 0] < 0) & (shift[:, 1] < 0)).float().mean().item()
-    train_seconds = seconds - eval_seconds
-    print(f"after {args.steps} steps ({seconds / 60:.1f} min, of which {eval_seconds / 60:.1f} evaluating)\n"
-          f"held-out pairs: accuracy {val_metrics['rewards/accuracies']:.3f}"
-          + (f" (the reward model of chapter 6: {rm_run['accuracy']:.3f})" if rm_run else "") +
-          f", margin {val_metrics['rewards/margins']:+.3f}, "
-          f"chosen {val_metrics['rewards/chosen']:+.3f}, rejected {val_metrics['rewards/rejected']:+.3f}; both log-probs "
-          f"fell in {both_fell:.0%} of the pairs\nsampled stories: gold {before['gold']:.3f} → {after['gold']:.3f} "
-          f"(paired gain {gain_mean:+.3f} ± {gain_se:.3f}) at a KL of {after['kl']:.2f} nats (k3 "
-          f"{after['kl_k3']:.2f})")
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("samples", "gold_each", "proxy_each", "completions")}  # noqa: E731
-    result = {"pairs": args.pairs, "loss_type": args.loss_type, "beta": args.beta, "label_smoothing": args.label_smoothing,
-              "variant": variant(args.loss_type, args.beta, args.label_smoothing), "reference": args.reference,
-              "val": val_metrics, "accuracy": val_metrics["rewards/accuracies"], "rankings": ranked, "by_part": parts,
-              "before": strip(before), "after": strip(after), "gold_gain": gain_mean, "gold_gain_se": gain_se,
-              "kl": after["kl"], "kl_k3": after["kl_k3"], "both_fell": both_fell,
-              "shift_mean": {"chosen": shift[:, 0].mean().item(), "rejected": shift[:, 1].mean().item()},
-              "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup, "seed": seed,
-              "init": str(init), "train_pairs": len(train_pairs), "val_pairs": len(val_pairs),
-              "epochs": args.steps * args.batch_size / len(train_pairs), "seconds": seconds,
-              "train_seconds": train_seconds, "seconds_per_step": train_seconds / max(1, args.steps),
-              "eval_samples": args.eval_samples, "temperature": args.temperature, "weights_held": memory,
-              "device": str(device)}
-    cell = lambda s: s.replace("\n", " ").replace("|", "/")[:220]  # noqa: E731
-    rows = side_by_side(args.steps, before, after)
-    samples = ["| prompt | reference (SFT) | gold | after DPO | gold |", "|---|---|---:|---|---:|"]
-    samples += [f"| {cell(r['prompt'])} | {cell(r['reference'])} | {r['gold_reference']:.2f} | {cell(r['policy'])} | "
-                f"{r['gold_policy']:.2f} |" for r in rows]
-    atomic_write_text(out / "samples.md", "\n".join(samples) + "\n")
-    atomic_write_text(out / "report.md", "\n".join(
-        [f"## Chapter 9: {result['variant']} on {'the SFT model' + chr(39) + 's own stories' if args.pairs == 'sampled' else 'the tiny world' + chr(39) + 's pairs'} (reference {args.reference})", "", headline(result, rm_run), "",
-         parts_markdown(parts, ranked), "", f"![curves]({out.name}/curves.png)", "", f"![KL and gold]({out.name}/kl_gold.png)",
-         "", f"![log-prob shifts]({out.name}/logp_shift.png)", "", "\n".join(samples), ""]))
-    return result
 
 
 def headline(r: dict, rm_run: dict | None) -> str:
@@ -532,40 +523,22 @@ def parts_markdown(parts: dict[str, dict], ranked: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-CONFIG_KEYS = ("pairs", "loss_type", "beta", "label_smoothing", "steps", "batch_size", "lr", "warmup", "eval_samples",
-               "temperature")
-
-
-def finished_result(args, out: Path, seed: int) -> dict | None:
-    """The result of a finished run of this very configuration in `out`, else None."""
-    if args.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
-        return None
-    result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
-    if result.get("seed") != seed or any(result.get(k) != getattr(args, k) for k in CONFIG_KEYS):
-        return None
-    print(f"keeping the finished run in {shown(out)}")
-    return result
-
-
-COMPARE = [("sigmoid", 0.1, 0.0), DEFAULT, ("sigmoid", 2.0, 0.0), ("ipo", 0.5, 0.0), ("sigmoid", 0.5, 0.1)]
-
-
-def compare(args, root: Path, device) -> dict:
+def compare(cfg: Config, root: Path, device) -> dict:
     """Every loss of COMPARE on the same data, seed and steps; a table and a figure in runs/dpo_compare/."""
-    init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
-    require_real(init, args.quick)
-    folder = args.out or root / "dpo_compare"
-    args.shared_cache = folder / "reference_logps.safetensors"  # the first variant that trains computes it
-    args.shared_cache.unlink(missing_ok=True)  # never one of an earlier SFT model
+    init = cfg.init or prerequisite("sft", cfg.quick, build=not cfg.no_build)
+    require_real(init, cfg.quick)
+    folder = cfg.out or root / "dpo_compare"
+    shared_cache = folder / "reference_logps.safetensors"  # the first variant that trains computes it
+    shared_cache.unlink(missing_ok=True)  # never one of an earlier SFT model
     results = []
     for loss_type, beta, ls in COMPARE:
-        args.loss_type, args.beta, args.label_smoothing = loss_type, beta, ls
-        out = folder / variant(loss_type, beta, ls)
-        default = root / "dpo" if (loss_type, beta, ls) == DEFAULT and args.out is None else None
-        kept = (finished_result(args, default, args.seed) if default and args.reference == "cached" else None) or \
-            finished_result(args, out, args.seed)
+        one = dataclasses.replace(cfg, loss_type=loss_type, beta=beta, label_smoothing=ls, compare=False)  # one run
+        run = common.Run(folder / variant(loss_type, beta, ls), cfg.seed, init, device)
+        default = (loss_type, beta, ls) == DEFAULT and cfg.out is None  # chapter 9's default run may be it
+        kept = ((common.finished_result(root / "dpo", one, cfg.seed) if default else None)
+                or common.finished_result(run.out, one, cfg.seed))
         print(f"\n=== {variant(loss_type, beta, ls)} ===")
-        results.append(kept or dpo_run(args, out, args.seed, init, device))
+        results.append(kept or dpo_run(one, run, shared_cache))
     lines = ["| loss | β | ε | held-out accuracy | margin | chosen | rejected | both fell | gold (SFT → after) | KL (k1) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in results:
@@ -575,7 +548,18 @@ def compare(args, root: Path, device) -> dict:
                      f"{r['both_fell']:.0%} | {r['before']['gold']:.3f} → {r['after']['gold']:.3f} "
                      f"({r['gold_gain']:+.3f} ± {r['gold_gain_se']:.3f}) | {r['kl']:.2f} |")
     text = "\n".join(lines)
-    print(f"\nthe same {args.steps} steps of {args.batch_size} pairs, seed {args.seed}, for each loss:\n{text}")
+    print(f"\nthe same {cfg.steps} steps of {cfg.batch_size} pairs, seed {cfg.seed}, for each loss:\n{text}")
+    compare_figure(folder, results)
+    keys = ("variant", "loss_type", "beta", "label_smoothing", "accuracy", "kl", "gold_gain", "gold_gain_se", "both_fell")
+    summary = {"variants": [{k: r[k] for k in keys} | {"gold": r["after"]["gold"]} for r in results]}
+    command = f"python chapters/ch09_dpo.py {' '.join(sys.argv[1:])}".strip()
+    atomic_write_text(folder / "compare.md", f"`{command}`\n\n{text}\n")
+    write_summary(folder, summary, cfg.quick)
+    return summary
+
+
+def compare_figure(folder: Path, results: list[dict]) -> None:
+    """Each loss's held-out preference accuracy and gold against its KL to the reference."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     for i, r in enumerate(results):
         a1.scatter(r["kl"], r["accuracy"], color=f"C{i}", label=r["variant"])
@@ -588,51 +572,31 @@ def compare(args, root: Path, device) -> dict:
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
     save(fig, folder / "compare.png")
-    command = f"python chapters/ch09_dpo.py {' '.join(sys.argv[1:])}".strip()
-    atomic_write_text(folder / "compare.md", f"`{command}`\n\n{text}\n")
-    summary = {"variants": [{k: r[k] for k in ("variant", "loss_type", "beta", "label_smoothing", "accuracy", "kl",
-                                                 "gold_gain", "gold_gain_se", "both_fell")} | {"gold": r["after"]["gold"]}
-                            for r in results]}
-    write_summary(folder, summary, args.quick)
-    return summary
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    root = runs_root(args.quick)
-    device = pick_device(args.device)
-    if args.train_pairs:  # bad input fails now, naming the file and line, before any earlier chapter is built
-        load_preferences(args.train_pairs)
-    if args.compare:
-        return compare(args, root, device)
-    if not args.seeds:
-        init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
-        require_real(init, args.quick)
-        out = args.out or root / run_name(args)
-        return dpo_run(args, out, args.seed, init, device)
-
-    sft_sweep = sft_seed_sweep(root, args.seeds)  # seed k of DPO starts from seed k of SFT
-    sweep_dir = args.out or root / f"{run_name(args)}_seeds"
-    results = [finished_result(args, sweep_dir / f"seed{k}", k) or
-               dpo_run(args, sweep_dir / f"seed{k}", k, sft_sweep / f"seed{k}", device) for k in range(args.seeds)]
-    rows = {"held-out preference accuracy": [r["accuracy"] for r in results],
-            "gold reward, SFT (sampled)": [r["before"]["gold"] for r in results],
-            "gold reward, after DPO": [r["after"]["gold"] for r in results],
-            "gold gain (paired)": [r["gold_gain"] for r in results], "KL (k1, nats per story)": [r["kl"] for r in results],
-            "training minutes": [r["seconds"] / 60 for r in results]}
-    lines = ["| | min | median | max | seeds 0.. |", "|---|---:|---:|---:|---|"]
-    for name, xs in rows.items():
-        f = "{:+.3f}".format if "gain" in name else "{:.3f}".format
-        lines.append(f"| {name} | {f(min(xs))} | {f(statistics.median(xs))} | {f(max(xs))} | {', '.join(map(f, xs))} |")
-    text = "\n".join(lines)
-    print(f"\n{args.seeds} seeds of {variant(args.loss_type, args.beta, args.label_smoothing)}, each from the SFT model "
+    cfg = parse_args(argv)
+    if cfg.train_pairs:  # bad input fails now, naming the file and line, before any earlier chapter is built
+        load_preferences(cfg.train_pairs)
+    if cfg.compare:
+        return compare(cfg, runs_root(cfg.quick), pick_device(cfg.device))
+    runs = common.runs_of(cfg, run_name(cfg))  # one run, or one per seed (seed k from chapter 5's seed k)
+    results = [common.finished_result(run.out, cfg, run.seed) or dpo_run(cfg, run) for run in runs]
+    if not cfg.seeds:
+        return results[0]
+    f3, signed = "{:.3f}".format, "{:+.3f}".format
+    rows = {name: (name, values, fmt) for name, values, fmt in (
+        ("held-out preference accuracy", [r["accuracy"] for r in results], f3),
+        ("gold reward, SFT (sampled)", [r["before"]["gold"] for r in results], f3),
+        ("gold reward, after DPO", [r["after"]["gold"] for r in results], f3),
+        ("gold gain (paired)", [r["gold_gain"] for r in results], signed),
+        ("KL (k1, nats per story)", [r["kl"] for r in results], f3),
+        ("training minutes", [r["seconds"] / 60 for r in results], f3))}
+    text, spread = common.spread_table(rows)
+    print(f"\n{cfg.seeds} seeds of {variant(cfg.loss_type, cfg.beta, cfg.label_smoothing)}, each from the SFT model "
           f"of the same seed:\n{text}")
-    command = f"python chapters/ch09_dpo.py {' '.join(argv if argv is not None else sys.argv[1:])}".strip()
-    atomic_write_text(sweep_dir / "sweep.md", f"`{command}`\n\n{text}\n")
-    summary = {"seeds": list(range(args.seeds)),
-               "spread": {k: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v}
-                          for k, v in rows.items()}}
-    write_summary(sweep_dir, summary, args.quick)
+    summary = {"seeds": list(range(cfg.seeds)), "spread": spread}
+    common.write_sweep(runs[0].out.parent, "ch09_dpo.py", argv, text, summary, cfg.quick)
     return summary
 
 

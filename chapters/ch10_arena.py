@@ -56,15 +56,25 @@ import time
 from pathlib import Path
 from statistics import median
 
-import ch07_policy_gradient as ch07  # chapter 7's script: its runs on stories, its data helpers
-import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import matplotlib.pyplot as plt
 import torch
 from tqdm import tqdm
 
-from llm_from_scratch import tinyworld
-from llm_from_scratch.arena import (RFTConfig, best_of_n_curve, best_of_n_expected, distinct_n,
-                                    evaluate, rft_round, weights_digest)
+import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+import common  # chapters/common.py: the RL tasks' prompts and held-out examples
+from llm_from_scratch import (
+    gold_rewards,
+    ppo,  # chapter 8's weights_held: the bytes of weights each network holds
+)
+from llm_from_scratch.arena import (
+    RFTConfig,
+    best_of_n_curve,
+    best_of_n_expected,
+    distinct_n,
+    evaluate,
+    rft_round,
+    weights_digest,
+)
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, read_jsonl
 from llm_from_scratch.course import (
     finished_run,
@@ -78,7 +88,6 @@ from llm_from_scratch.course import (
 )
 from llm_from_scratch.device import pick_device, seed_everything
 from llm_from_scratch.evaluation import eval_record, mcnemar_exact, paired_gain
-from llm_from_scratch import ppo  # chapter 8's weights_held: the bytes of weights each network holds
 from llm_from_scratch.plots import save
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.sft import answer
@@ -138,20 +147,20 @@ def parse_args(argv=None):
 
 
 def rl_runs(args, out: Path) -> dict[str, Path]:
-    """REINFORCE, RLOO and GRPO on stories against the reward model, and RLOO at β = 0 (lr 1e-4), --rl-steps each, by
-    chapter 7's script (kept when finished)."""
+    """REINFORCE, RLOO and GRPO on stories against the reward model, and RLOO at β = 0 (lr 1e-4), --rl-steps each:
+    chapter 7's script, each in its own process as run_all.py runs it (it keeps a finished run of the same flags)."""
+    import run_all  # chapters/run_all.py: one chapter script in its own process
+
     folders = {}
     for label, (name, algo, flags) in RL_RUNS.items():
         folder = out / name
         argv = ["--task", "stories", "--algo", algo, "--temperature", "1.0", "--steps", str(args.rl_steps),
                 "--eval-interval", str(args.rl_eval_interval), "--eval-samples", str(args.eval_samples),
                 "--seed", str(args.seed), "--out", str(folder), "--device", args.device, *flags]
-        argv += (["--quick"] if args.quick else []) + (["--quiet"] if args.quiet else []) + (
-            ["--no-build"] if args.no_build else []) + (["--no-resume"] if args.no_resume else [])
-        ch07_args = ch07.parse_args(argv)
-        if ch07.finished_seed(ch07_args, folder, args.seed) is None:
-            print(f"\n--- {label}: python chapters/ch07_policy_gradient.py {' '.join(argv)}", flush=True)
-            ch07.main(argv)
+        argv += ["--no-build"] if args.no_build else []
+        print(f"\n--- {label}: python chapters/ch07_policy_gradient.py {' '.join(argv)}", flush=True)
+        env = dict(os.environ, LLMFS_QUICK="1" if args.quick else "0")
+        run_all.run_chapter("ch07_policy_gradient.py", args.quick, args.quiet, env, args.no_resume, argv)
         folders[label] = folder
     return folders
 
@@ -188,7 +197,7 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     for r in bar:
         prompts = [stories_rl[(r * cfg.prompts + j) % len(stories_rl)]["prompt"] for j in range(cfg.prompts)]  # fresh, then again
         metrics, kept = rft_round(policy, tok, prompts, rm_fn, cfg, optimizer, generator)
-        gold = [tinyworld.gold_reward(by_prompt[k["prompt"]], k["response"]) for k in kept]
+        gold = [gold_rewards.gold_reward(by_prompt[k["prompt"]], k["response"]) for k in kept]
         metrics["rft/gold_kept"] = sum(gold) / max(1, len(gold))
         held_out(r + 1, metrics)
         bar.set_postfix(kept=f"{metrics['rft/reward_kept']:+.2f}", loss=f"{metrics['loss/sft']:.3f}")
@@ -224,7 +233,7 @@ def best_of_n_samples(args, out: Path, sft, tok, rm_fn, stories: list[dict], inp
         lengths += [len(tok.encode(t, allowed_special="all")) + int(e) for t, e in drawn]
     repeated = [p for p in prompts for _ in range(m)]
     proxy = torch.as_tensor(rm_fn(repeated, texts)).view(len(prompts), m)
-    gold = torch.tensor([tinyworld.gold_reward(by_prompt[p], t) for p, t in zip(repeated, texts)]).view(len(prompts), m)
+    gold = torch.tensor([gold_rewards.gold_reward(by_prompt[p], t) for p, t in zip(repeated, texts)]).view(len(prompts), m)
     result = {"settings": settings, "prompts": prompts, "texts": texts, "proxy": proxy.tolist(), "gold": gold.tolist(),
               "lengths": lengths, "seconds": time.perf_counter() - t0}
     atomic_write_text(file, json.dumps(result))
@@ -573,8 +582,8 @@ def main(argv=None) -> dict:
 
     # the methods this chapter trains: REINFORCE, RLOO, GRPO on stories (chapter 7's script), then RFT
     rl_dirs = rl_runs(args, out)
-    stories_rl, stories, _, _ = ch07.task_data("stories", args.quick, args.eval_examples)
-    problems = ch07.task_data("word-problems", args.quick, args.eval_examples)[1]
+    stories_rl, stories, _, _ = common.task_data("stories", args.quick, args.eval_examples)
+    problems = common.task_data("word-problems", args.quick, args.eval_examples).held_out
     print(f"\n--- RFT and best-of-N ({len({s['prompt'] for s in stories})} held-out story prompts, {len(problems)} "
           f"held-out word problems)", flush=True)
     rft_dir = rft_run(args, out / "rft", sft_dir, tok, rm_fn, stories_rl, stories, device)

@@ -8,6 +8,7 @@ as argparse prints a bad flag; `--debug` shows the whole traceback instead.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -20,11 +21,32 @@ from llm_from_scratch.course import PrerequisiteError, rebuild_hint  # noqa: E40
 
 # the errors bad input causes (the library raises ValueError or FileNotFoundError for those, with a message that
 # names the file, line or flag); anything else keeps its traceback
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, CheckpointError, PrerequisiteError, FloatingPointError)
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, CheckpointError, PrerequisiteError,
+               FloatingPointError)
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a float that is not nan or ±inf (float() accepts "nan" and "inf", and a nan learning rate
+    would train on, every loss nan). argparse prints `error: argument --lr: must be a finite number, got nan`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite float > 0 (a learning rate, a coefficient that must not be 0)."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
 
 
 def add_common_args(ap: argparse.ArgumentParser, out: str, dtype: bool = False) -> None:
@@ -32,11 +54,12 @@ def add_common_args(ap: argparse.ArgumentParser, out: str, dtype: bool = False) 
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto: cuda, then mps, then cpu)")
     if dtype:
         ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="training precision; auto = bfloat16 on CUDA GPUs that support it, float32 on MPS and on every "
-                             "CPU (the same chain on every CPU)")
+                        help="training precision; auto = bfloat16 on CUDA GPUs that support it, float32 on MPS and on "
+                             "every CPU (the same chain on every CPU)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--out", type=Path, help=f"output folder (default runs/{out}; quick runs: runs/quick/{out})")
-    ap.add_argument("--quick", action="store_true", help="a smoke run in seconds (also LLMFS_QUICK=1); writes under runs/quick/")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run in seconds (also LLMFS_QUICK=1); writes under runs/quick/")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 

@@ -77,7 +77,8 @@ def main() -> None:
         print(f"\n[{k}/{len(stages)}] === {script} === ({elapsed(time.perf_counter() - t0)} so far"
               + ("" if quick else f"; about {left:.0f} min left on a 2-core CPU") + ")", flush=True)
         fresh = args.again or ran_one  # what it would resume from was built on what just changed (or on nothing asked)
-        times[script] = {"seconds": run_chapter(script, quick, args.quiet, env, fresh), "when": time.strftime("%Y-%m-%d %H:%M")}
+        times[script] = {"seconds": run_chapter(script, quick, args.quiet, env, fresh),
+                         "when": time.strftime("%Y-%m-%d %H:%M")}
         atomic_write_text(times_file, json.dumps(times, indent=2))
         status[script], ran_one = "ran", True
 
@@ -101,7 +102,8 @@ def run_chapter(script: str, quick: bool, quiet: bool, env: dict, fresh: bool, e
     done = subprocess.run(cmd, env=env)
     if done.returncode != 0:
         sys.exit(f"run_all: {script} failed (exit code {done.returncode}); the chapters before it are saved in "
-                 f"{env.get('LLMFS_RUNS_DIR') or runs_root(quick)}, and `python chapters/run_all.py{' --quick' if quick else ''}` picks up from there")
+                 f"{env.get('LLMFS_RUNS_DIR') or runs_root(quick)}, "
+                 f"and `python chapters/run_all.py{' --quick' if quick else ''}` picks up from there")
     return time.perf_counter() - t0
 
 
@@ -132,7 +134,8 @@ def course_report(root: Path, quick: bool, stages: list, status: dict, times: di
         s = times.get(script, {}).get("seconds")
         total += s or 0.0
         rows.append(f"| {k} | {script} | {folder}/ | {f'{s / 60:.1f}' if s else '—'} | "
-                    f"{status.get(script, '—')}{'' if status.get(script) == 'ran' else ' (time of its last run)' if s else ''} |")
+                    f"{status.get(script, '—')}"
+                    f"{'' if status.get(script) == 'ran' else ' (time of its last run)' if s else ''} |")
     rows.append(f"| | **all stages** | | **{total / 60:.1f}** | |")
     lines = ["# llm-from-scratch: course report", "",
              f"{'Quick smoke run' if quick else 'Full run'} of {len(stages)} chapter(s), finished "

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from llm_from_scratch.data import sft_collate
-from llm_from_scratch.model import GPT
 from llm_from_scratch.evaluation import greedy_eval, sampled_eval
+from llm_from_scratch.model import GPT
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 from llm_from_scratch.train import lm_loss, optimizer_step
@@ -194,7 +194,8 @@ def verifiable_accuracy(policy: GPT, tok: Tokenizer, problems: list[dict], max_n
     ± its standard error √(p (1 − p) / n), and each problem's 1/0 in order (right_each, for McNemar's test)."""
     greedy = greedy_eval(policy, tok, problems, max_new_tokens=max_new_tokens)
     acc, n = greedy["gold"], greedy["n"]
-    return {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "problems": n, "right_each": greedy["gold_each"]}
+    return {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "problems": n,
+            "right_each": greedy["gold_each"]}
 
 
 def evaluate(policy: GPT, reference: GPT, tok: Tokenizer, stories: list[dict], problems: list[dict],

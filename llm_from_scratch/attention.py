@@ -96,7 +96,8 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). [q | k | v] = x W_attn + b, split into H heads of size D = C / H;
         head h: y_h = softmax(q_h k_h^T / sqrt(D) + M) v_h (M: 0 where a query may look, -inf where not: the
         causal mask, or `mask` (B or 1, H or 1, T, S) of booleans, True = may look); out = [y_1 | ... | y_H] W_proj + b.
@@ -116,7 +117,8 @@ class CausalSelfAttention(nn.Module):
                 mask = causal_mask(T, S, q.device)
             # is_causal: the fast path for T tokens with nothing cached; one newest query sees every key: no mask
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=mask is None and S == T
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+                is_causal=mask is None and S == T
             )  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
         return self.resid_dropout(self.c_proj(y))

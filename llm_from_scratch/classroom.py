@@ -44,13 +44,13 @@ MARKER = "grades"  # @pytest.mark.grades("attention.CausalSelfAttention.forward"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = "# YOUR CODE HERE"
 
-# module -> chapter (0: cross-cutting helpers; the appendices A, B, C, D as 11, 12, 13, 14)
+# module -> chapter (0: cross-cutting helpers; the classroom kit itself, an appendix, as 14)
 CHAPTER = {
     "device": 0, "checkpoint": 0, "course": 0, "plots": 0,
-    "tinyworld": 1, "tokenizer": 1, "data": 1,
+    "tinyworld": 1, "tasks": 1, "gold_rewards": 1, "preferences": 1, "dataset_files": 1, "tokenizer": 1, "data": 1,
     "attention": 2, "model": 3, "generation": 3, "train": 4, "sft": 5, "evaluation": 5, "reward_model": 6,
     "policy_gradient": 7, "ppo": 8, "dpo": 9, "arena": 10,
-    "lora": 11, "distributed": 12, "gpt2_weights": 13, "classroom": 14,
+    "classroom": 14,
 }
 TAUGHT_IN = {"data.sft_collate": 5}  # functions that live in an earlier module than the chapter that teaches them
 THIRD_PARTY = ("torch", "numpy", "tiktoken", "safetensors", "matplotlib", "tqdm", "pytest", "hypothesis", "nbclient",
@@ -399,7 +399,8 @@ def make_assignment(names: list[str], out: str | Path, solution: bool = False, f
     sources = {}  # every file is made before anything is written: a KitError leaves no half-made folder
     for m in sorted(modules):
         source = (pkg / f"{m}.py").read_text()
-        here = sorted((t for t in targets if t.module == m), key=lambda t: find_function(ast.parse(source), t.qualname).lineno)
+        here = sorted((t for t in targets if t.module == m),
+                      key=lambda t: find_function(ast.parse(source), t.qualname).lineno)
         for t in here:
             source = mark_solution(source, t.qualname)
         if not solution:
@@ -447,7 +448,7 @@ def test_notebook_runs_and_its_exercises_check_out(tmp_path, monkeypatch):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={{"metadata": {{"path": str(NOTEBOOK.parent)}}}})
     client.execute()  # raises CellExecutionError naming the failing cell
-'''
+'''  # noqa: E501 (the grader's text, written as it is)
 
 
 def notebook_regions(nb: dict) -> int:
@@ -483,7 +484,8 @@ def names_to_define(text: str, known: set[str]) -> list[list[str]]:
     out = []
     for start, end in zip(starts, ends):
         bound = assigned_names(tree, range(start, end)) - assigned_names(tree, range(1, start)) - known
-        read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.lineno > end}
+        read = {n.id for n in ast.walk(tree)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.lineno > end}
         out.append(sorted(bound & read))
     return out
 
@@ -501,7 +503,8 @@ def student_notebook(nb: dict) -> dict:
         if BEGIN in text:
             notes = [f"define {', '.join(names)}: the checks below read them" if names else ""
                      for names in names_to_define(text, known)]
-            text = re.sub(r"^# Solution to exercise (\d+)", r"# Exercise \1: your solution", clear_solutions(text, notes=notes))
+            text = re.sub(r"^# Solution to exercise (\d+)", r"# Exercise \1: your solution",
+                          clear_solutions(text, notes=notes))
             cell["source"] = text.splitlines(keepends=True)
             cell["outputs"], cell["execution_count"] = [], None
             cell["metadata"].get("jupyter", {}).pop("source_hidden", None)  # the cell to write in is shown
@@ -541,10 +544,12 @@ def make_notebook(path: str | Path, out: str | Path, solution: bool = False, for
     (out / "tests" / "test_notebook.py").write_text(NOTEBOOK_GRADER.format(name=path.name))
     (out / "pytest.ini").write_text(PYTEST_INI)
     title = "Solution" if solution else "Assignment"
+    where = ("between `### BEGIN SOLUTION` and `### END SOLUTION`" if solution
+             else "yours to write: replace each `# YOUR CODE HERE` / `raise NotImplementedError()`")
     (out / "README.md").write_text("\n".join([
         f"# {title}: notebook {path.stem}", "",
         f"Open `notebooks/{path.name}` and work through it. Its {regions} exercise solution"
-        f"{'s are' if regions != 1 else ' is'} {'between `### BEGIN SOLUTION` and `### END SOLUTION`' if solution else 'yours to write: replace each `# YOUR CODE HERE` / `raise NotImplementedError()`'}; "
+        f"{'s are' if regions != 1 else ' is'} {where}; "
         "the lines after each region check the answer.", "",
         "## Check your work", "", "```bash",
         "pip install torch tiktoken numpy matplotlib tqdm safetensors jupyter pytest nbclient nbformat ipykernel",
@@ -589,7 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Turn functions of the library (or a course notebook) into an auto-graded assignment, graded by "
                     "the project's own unit tests.",
         epilog="examples:\n  python -m llm_from_scratch.classroom list\n"
-               "  python -m llm_from_scratch.classroom make attention.CausalSelfAttention.forward data.sft_collate --out hw3/\n"
+               "  python -m llm_from_scratch.classroom make attention.CausalSelfAttention.forward data.sft_collate "
+               "--out hw3/\n"
                "  python -m llm_from_scratch.classroom make notebooks/02_attention.ipynb --out hw2/ --solution",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)

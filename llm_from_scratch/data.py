@@ -24,7 +24,8 @@ from llm_from_scratch.tokenizer import pad_right
 class TokenWindowDataset(Dataset):
     """Windows of `context_length + 1` tokens from one long stream, `stride` tokens apart."""
 
-    def __init__(self, tokens: Sequence[int] | np.ndarray | torch.Tensor, context_length: int, stride: int | None = None):
+    def __init__(self, tokens: Sequence[int] | np.ndarray | torch.Tensor, context_length: int,
+                 stride: int | None = None):
         if context_length < 1:
             raise ValueError(f"TokenWindowDataset: context_length must be ≥ 1, got {context_length}")
         stride = context_length if stride is None else stride
@@ -98,7 +99,8 @@ class WindowSampler:
     recomputed from the step number alone: a resumed run sees exactly the batches it would have seen.
     """
 
-    def __init__(self, tokens: Sequence[int] | np.ndarray | torch.Tensor, context_length: int, batch_size: int, seed: int = 0):
+    def __init__(self, tokens: Sequence[int] | np.ndarray | torch.Tensor, context_length: int, batch_size: int,
+                 seed: int = 0):
         self.tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)  # (N,)
         if len(self.tokens) < context_length + 1:
             raise ValueError(f"WindowSampler: {len(self.tokens)} tokens cannot fill one window of {context_length + 1}")
@@ -155,7 +157,8 @@ def document_windows(tokens: Sequence[int] | np.ndarray | torch.Tensor, eos_id: 
 # ----------------------------------------------------------------------------- chat data (chapters 5 and 6)
 
 
-def sft_collate(examples: list[tuple[list[int], int]], pad_id: int, train_on_prompt: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def sft_collate(examples: list[tuple[list[int], int]], pad_id: int,
+                train_on_prompt: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad (token ids, prompt length) pairs into inputs x (B, T) and targets y (B, T).
 
     y[t] = ids[t + 1], the next token; it is -100 (no loss) where that token is padding or, unless
@@ -174,7 +177,8 @@ def sft_collate(examples: list[tuple[list[int], int]], pad_id: int, train_on_pro
     return x, y
 
 
-def preference_collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def preference_collate(pairs: list[tuple[list[int], list[int]]],
+                       pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(chosen ids, rejected ids) pairs -> one right-padded batch of 2B rows, chosen first then rejected
     (one forward pass scores both): ids (2B, T), attention mask (2B, T), last real token index (2B,)."""
     return pad_right([c for c, _ in pairs] + [r for _, r in pairs], pad_id)

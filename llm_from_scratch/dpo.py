@@ -16,9 +16,12 @@ the losses per pair are
     IPO ("ipo")             (h − 1/(2β))²                                (Azar et al., 2023: a target margin, not ∞)
 
 The reference never changes during training, so its log-probs can be computed once for the whole dataset and the
-reference model released (`reference_logps`), or computed live each step (`frozen_logps`); the losses are the same
-either way, and caching saves one forward pass of the four a step would otherwise make (two rows per pair, through
-the policy forward and backward, through the reference forward only).
+reference model released (`reference_logps`, kept in a file by `cached_reference_logps`), or computed live each step
+(`frozen_logps`); the losses are the same either way, and caching saves one forward pass of the four a step would
+otherwise make (two rows per pair, through the policy forward and backward, through the reference forward only).
+
+On-policy pairs (`sampled_pairs`): the SFT model's own k stories of a prompt, the best and the worst by gold, labelled
+as the tiny world labels its pairs (the better one chosen with probability σ(β_BT (gold_a − gold_b)))).
 
 At step 0 the policy is the reference: h = 0, every DPO loss is log 2, and every margin is 0.
 
@@ -28,13 +31,21 @@ Tensors: a batch of N pairs is 2N rows, the N chosen then the N rejected, right-
 
 from __future__ import annotations
 
+import gc
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from llm_from_scratch.checkpoint import load_tensors, save_tensors
 from llm_from_scratch.generation import sequence_logprobs
+from llm_from_scratch.gold_rewards import story_reward
 from llm_from_scratch.model import GPT, eval_mode
+from llm_from_scratch.preferences import BT_BETA, sigmoid
+from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat, pad_right
 
 LOSS_TYPES = ("sigmoid", "ipo")
@@ -91,7 +102,8 @@ def preference_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.Ten
     return {"rewards/chosen": chosen_rewards.mean().item(), "rewards/rejected": rejected_rewards.mean().item(),
             "rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
             "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
-            "logps/chosen": chosen_logps.detach().mean().item(), "logps/rejected": rejected_logps.detach().mean().item()}
+            "logps/chosen": chosen_logps.detach().mean().item(),
+            "logps/rejected": rejected_logps.detach().mean().item()}
 
 
 @torch.no_grad()
@@ -116,6 +128,49 @@ def reference_logps(reference: GPT, tok: Tokenizer, pairs: list[dict], batch_siz
         batch = (t.to(device) for t in preference_batch(tok, [pairs[j] for j in rows]))
         out[rows] = torch.stack(frozen_logps(reference, *batch), dim=1).cpu()  # back in the pairs' order
     return out
+
+
+def cached_reference_logps(file: str | Path, load_reference: Callable[[], GPT], tok: Tokenizer,
+                           pairs: dict[str, list[dict]], reuse: bool) -> tuple[dict[str, torch.Tensor], bool]:
+    """The reference's log-probs of every pair of each named set (N, 2), and whether they were computed now: read from
+    `file` when `reuse` and it holds sets of the same sizes; else the model `load_reference()` returns scores them,
+    is released (training then holds the policy's weights only), and the log-probs are saved to `file`."""
+    file = Path(file)
+    if reuse and file.is_file():
+        cache = load_tensors(file)
+        if all(name in cache and cache[name].shape[0] == len(rows) for name, rows in pairs.items()):
+            return {name: cache[name] for name in pairs}, False
+    reference = load_reference()
+    cache = {name: reference_logps(reference, tok, rows, 64) for name, rows in pairs.items()}
+    del reference
+    gc.collect()
+    save_tensors(file, cache)
+    return cache, True
+
+
+def sampled_pairs(model: GPT, tok: Tokenizer, prompts: list[dict], k: int, temperature: float, max_new_tokens: int,
+                  seed: int) -> list[dict]:
+    """Preference pairs from the model's own stories: k samples of each story prompt ({"prompt", "spec"}), the best and
+    the worst by the gold reward (a prompt whose k stories tie is dropped), labelled as the tiny world labels its
+    pairs: the better story is the chosen one with probability σ(BT_BETA (gold_a − gold_b)). On-policy data: the
+    differences are the model's own mistakes, not the generator's corruptions."""
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(20_000 + seed)
+    stories = [text for text, _ in answer(model, tok, [p["prompt"] for p in prompts for _ in range(k)], max_new_tokens,
+                                          temperature=temperature, generator=generator)]
+    rng, pairs = random.Random(seed), []
+    for i, p in enumerate(prompts):
+        cands = [s for s in stories[i * k:(i + 1) * k] if "<|" not in s]  # a sampled special token: not text to encode
+        golds = [story_reward(p["spec"], s) for s in cands]
+        if len(cands) < 2 or max(golds) == min(golds):
+            continue
+        hi, lo = golds.index(max(golds)), golds.index(min(golds))
+        p_better = sigmoid(BT_BETA * (golds[hi] - golds[lo]))
+        (c, gc_), (r, gr) = ((cands[hi], golds[hi]), (cands[lo], golds[lo]))
+        if rng.random() >= p_better:  # the labeller's noise
+            (c, gc_), (r, gr) = (r, gr), (c, gc_)
+        pairs.append({"prompt": p["prompt"], "chosen": c, "rejected": r, "gold_chosen": gc_, "gold_rejected": gr,
+                      "p_chosen": sigmoid(BT_BETA * (gc_ - gr)), "spec": p["spec"]})
+    return pairs
 
 
 @dataclass

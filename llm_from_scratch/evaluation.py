@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from llm_from_scratch import tinyworld
 from llm_from_scratch.generation import generate, sequence_logprobs
+from llm_from_scratch.gold_rewards import gold_reward
 from llm_from_scratch.model import GPT, eval_mode
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
@@ -66,7 +66,7 @@ def sampled_eval(policy: GPT, reference: GPT, tok: Tokenizer, examples: list[dic
                  max_new_tokens: int, proxy_fn: ScoreFn | None, seed: int) -> dict:
     """The held-out evaluation of chapters 7–10: n samples of every distinct held-out prompt at `temperature`, drawn
     with the same random numbers at every call (so two checkpoints are compared on the same draws). Returns their
-    mean gold reward (tinyworld.gold_reward) with its standard error, the proxy's mean (proxy_fn; gold when None,
+    mean gold reward (gold_rewards.gold_reward) with its standard error, the proxy's mean (proxy_fn; gold when None,
     and then has_proxy is False), the KL to the reference per completion (k1 and k3, from these samples), the mean
     completion length in tokens (EOS included), and every completion (sample j of prompt i at [i * n + j], as in
     gold_each and proxy_each). Both models run with dropout off."""
@@ -90,7 +90,7 @@ def sampled_eval(policy: GPT, reference: GPT, tok: Tokenizer, examples: list[dic
     tokens = gen.completions()
     ended = [bool(c) and c[-1] == tok.eos_id for c in tokens]
     texts = [tok.decode(c[:-1] if e else c) for c, e in zip(tokens, ended)]
-    gold = torch.as_tensor([tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, texts)],
+    gold = torch.as_tensor([gold_reward(by_prompt[p], c) for p, c in zip(prompts, texts)],
                            dtype=torch.float32).to(device)  # (B,)
     proxy = gold.clone() if proxy_fn is None else \
         torch.as_tensor(proxy_fn(prompts, texts), dtype=torch.float32).flatten().to(device)  # (B,)
@@ -116,12 +116,13 @@ def greedy_eval(policy: GPT, tok: Tokenizer, examples: list[dict], proxy_fn: Sco
         raise ValueError("greedy_eval: no held-out examples to answer")
     prompts = [e["prompt"] for e in examples]
     answers = answer(policy, tok, prompts, max_new_tokens)
-    gold = [tinyworld.gold_reward(e, text) for e, (text, _) in zip(examples, answers)]
+    gold = [gold_reward(e, text) for e, (text, _) in zip(examples, answers)]
     result = {"gold": sum(gold) / len(gold), "n": len(gold), "ended": sum(e for _, e in answers) / len(answers),
               "verifiable": all(e["task"] != "story" for e in examples), "gold_each": gold}
     if proxy_fn is not None:
         result["proxy"] = float(torch.as_tensor(proxy_fn(prompts, [t for t, _ in answers])).mean())
-    result["samples"] = [{"prompt": e["prompt"], "response": t, "gold": g} for e, (t, _), g in zip(examples[:6], answers, gold)]
+    result["samples"] = [{"prompt": e["prompt"], "response": t, "gold": g}
+                         for e, (t, _), g in zip(examples[:6], answers, gold)]
     return result
 
 

@@ -118,8 +118,8 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
     if P > limit:
         raise ValueError(f"generate: a prompt of {P} tokens is longer than the model's context ({limit} tokens)")
     if P + max_new_tokens > limit:
-        raise ValueError(f"generate: {P} prompt tokens + {max_new_tokens} new tokens exceed the context ({limit} tokens); "
-                         f"ask for at most {limit - P} new tokens")
+        raise ValueError(f"generate: {P} prompt tokens + {max_new_tokens} new tokens exceed the context "
+                         f"({limit} tokens); ask for at most {limit - P} new tokens")
 
     with eval_mode(model):
         # the whole output is allocated once and each step writes one column in place (no growing list, no cat)
@@ -164,12 +164,13 @@ def sequence_logprobs(model: GPT, ids: torch.Tensor, attention_mask: torch.Tenso
 
     Column t is log p(ids[:, t+1] | ids[:, ≤t]) under the model's logits divided by `temperature` (use the
     temperature the tokens were sampled with, or the log-probs belong to another distribution). Columns
-    whose target is padding, or is a row's first real token (it has no prefix), are 0. Runs in the model's current mode: call it under eval_mode (or with
-    dropout 0) when the values must not be noisy, as in every RL step."""
+    whose target is padding, or is a row's first real token (it has no prefix), are 0. Runs in the model's current
+    mode: call it under eval_mode (or with dropout 0) when the values must not be noisy, as in every RL step."""
     if temperature <= 0:
         raise ValueError(f"sequence_logprobs: temperature must be > 0, got {temperature}")
     all_real = attention_mask is None or bool(attention_mask.all())
-    logits = model(ids, attention_mask=None if all_real else attention_mask)[:, :-1]  # (B, T-1, V): predicts tokens 1..T-1
+    # the logits predict tokens 1..T-1
+    logits = model(ids, attention_mask=None if all_real else attention_mask)[:, :-1]  # (B, T-1, V)
     logp = token_logprobs(logits.float() / temperature, ids[:, 1:])  # (B, T-1)
     if attention_mask is not None:  # a log-prob needs a real target and a real token before it (a row's first has none)
         logp = logp * (attention_mask[:, 1:] * attention_mask[:, :-1]).to(logp.dtype)

@@ -31,7 +31,7 @@ PRESETS = {
     "tiny": dict(context_length=256, n_layer=4, n_head=4, n_embd=128),
     # about 10M parameters: a GPU, or a patient CPU
     "small": dict(context_length=256, n_layer=6, n_head=6, n_embd=384),
-    # OpenAI's GPT-2 sizes (load their weights with gpt2_weights.py), for GPU users
+    # OpenAI's GPT-2 shapes, for GPU users (trained from scratch here: loading OpenAI's weights is not written yet)
     "gpt2-124m": dict(vocab_size=50257, context_length=1024, n_layer=12, n_head=12, n_embd=768),
     "gpt2-medium": dict(vocab_size=50257, context_length=1024, n_layer=24, n_head=16, n_embd=1024),
 }
@@ -78,13 +78,16 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config.n_embd, config.n_head, config.dropout, config.bias, config.attn_impl, layer_idx)
+        self.attn = CausalSelfAttention(config.n_embd, config.n_head, config.dropout, config.bias, config.attn_impl,
+                                        layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
         """GPT-2's pre-norm residual block, (B, T, C) -> (B, T, C):
-        x = x + attn(LN_1(x)), then x = x + MLP(LN_2(x)): each sublayer reads a normalised copy and adds to the stream."""
+        x = x + attn(LN_1(x)), then x = x + MLP(LN_2(x)): each sublayer reads a normalised copy and adds to the
+        stream."""
         x = x + self.attn(self.ln_1(x), mask, kv_cache)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -139,7 +142,8 @@ class GPT(nn.Module):
             mask = None if past == 0 or T == 1 else causal_mask(T, S, idx.device)
         else:
             if attention_mask.shape != (B, S):
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected (B, cached + new) = {(B, S)}")
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
+                                 f"expected (B, cached + new) = {(B, S)}")
             keep = attention_mask.bool()  # (B, S)
             pos = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T): real tokens count from 0
             mask = causal_mask(T, S, idx.device) & keep[:, None, :]  # (B, T, S): causal, and never a pad key

@@ -13,6 +13,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 
+def moving_average(xs: Sequence[float], window: int) -> list[float]:
+    """Mean of the last `window` values at each point (fewer at the start): a noisy per-step curve, smoothed."""
+    return [sum(xs[max(0, i + 1 - window):i + 1]) / (i + 1 - max(0, i + 1 - window)) for i in range(len(xs))]
+
+
 def save(fig, path: str | os.PathLike | None):
     """Save `fig` as a PNG at `path` (folders made as needed) and close it for scripts; return it for notebooks."""
     if path is not None:

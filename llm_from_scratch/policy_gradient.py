@@ -62,9 +62,9 @@ batch into advantages and one (or, for GRPO, a few) optimizer steps, and returns
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -109,7 +109,8 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def rloo_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
-    """(B,) rewards, k consecutive samples per prompt -> (B,) R_i minus the mean reward of the prompt's other k−1 samples."""
+    """(B,) rewards, k consecutive samples per prompt -> (B,) R_i minus the mean reward of the prompt's other k−1
+    samples."""
     if k < 2:
         raise ValueError(f"rloo_advantages: the leave-one-out baseline needs k ≥ 2 samples per prompt, got k={k}")
     if rewards.numel() % k:
@@ -256,7 +257,8 @@ def rollout(policy: GPT, reference: GPT, tok: Tokenizer, prompts: list[str], k: 
     texts = [tok.decode(c[:-1] if e else c) for c, e in zip(tokens, ended.tolist())]
     row_prompts = [p for p in prompts for _ in range(k)]
     rewards = torch.as_tensor(reward_fn(row_prompts, texts), dtype=torch.float32).flatten().to(device)
-    gold = rewards.clone() if gold_fn is None else torch.as_tensor(gold_fn(row_prompts, texts), dtype=torch.float32).to(device)
+    gold = (rewards.clone() if gold_fn is None
+            else torch.as_tensor(gold_fn(row_prompts, texts), dtype=torch.float32).to(device))
     if missing_eos_penalty:
         rewards = rewards - missing_eos_penalty * (~ended).float()
     seconds = {"generate": t1 - t0, "reference": t2 - t1, "reward": time.perf_counter() - t2}

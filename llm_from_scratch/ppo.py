@@ -44,7 +44,15 @@ import torch.nn as nn
 from llm_from_scratch.checkpoint import load_model, save_model
 from llm_from_scratch.generation import token_logprobs
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode
-from llm_from_scratch.policy_gradient import Rollout, clipped_policy_loss, kl_k1, kl_k3, masked_mean, masked_sum, masked_whiten
+from llm_from_scratch.policy_gradient import (
+    Rollout,
+    clipped_policy_loss,
+    kl_k1,
+    kl_k3,
+    masked_mean,
+    masked_sum,
+    masked_whiten,
+)
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
@@ -142,7 +150,8 @@ class PolicyValue(nn.Module):
         nn.init.zeros_(self.value_head.weight)  # V = 0 everywhere to start: no opinion, and no gradient into
         nn.init.zeros_(self.value_head.bias)  # the trunk until the head has learned something
 
-    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (B, T) -> logits (B, T, vocab) and values (B, T)."""
         h = self.gpt.trunk(ids, attention_mask)  # (B, T, C)
         return self.gpt.lm_head(h), self.value_head(h).squeeze(-1)
@@ -159,7 +168,8 @@ class PolicyValue(nn.Module):
 def weights_held(models: dict[str, nn.Module]) -> dict[str, dict]:
     """Parameters and bytes of the weights each named model holds (`parameters()` yields a tied matrix once)."""
     return {name: {"params": sum(p.numel() for p in model.parameters()),
-                   "bytes": sum(p.numel() * p.element_size() for p in model.parameters())} for name, model in models.items()}
+                   "bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+            for name, model in models.items()}
 
 
 def actor(policy: nn.Module) -> GPT:
@@ -168,7 +178,8 @@ def actor(policy: nn.Module) -> GPT:
 
 
 def logprobs_and_values(policy: nn.Module, critic: nn.Module | None, ids: torch.Tensor, attention_mask: torch.Tensor,
-                        temperature: float, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        temperature: float,
+                        entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows (B, T) -> (log-probs, values, entropies), each (B, T-1). Column t is about the action ids[:, t+1] taken
     in the state ids[:, ≤t]: its log-prob at `temperature`, the critic's value of that state, and the entropy of
     the policy's next-token distribution there. critic=None: the policy is a PolicyValue (the shared critic).

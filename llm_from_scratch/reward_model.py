@@ -37,7 +37,7 @@ from tqdm import tqdm
 from llm_from_scratch.checkpoint import append_metrics, load_model, read_jsonl, save_model
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat, pad_right
-from llm_from_scratch.train import configure_optimizer, lr_at, optimizer_step
+from llm_from_scratch.train import configure_optimizer, lr_at, optimizer_step, require_finite
 
 
 class RewardModel(nn.Module):
@@ -160,10 +160,12 @@ def response_row(tok: Tokenizer, prompt: str, response: str) -> list[int]:
 
 
 @torch.no_grad()
-def score_texts(rm: RewardModel, tok: Tokenizer, prompts: list[str], responses: list[str], chunk_rows: int = 64) -> torch.Tensor:
+def score_texts(rm: RewardModel, tok: Tokenizer, prompts: list[str], responses: list[str],
+                chunk_rows: int = 64) -> torch.Tensor:
     """Rewards (N,) of responses to prompts (each encoded by response_row), no gradients."""
     with eval_mode(rm):
-        return score_rows(rm, [response_row(tok, p, y) for p, y in zip(prompts, responses)], tok.pad_id, chunk_rows).cpu()
+        return score_rows(rm, [response_row(tok, p, y) for p, y in zip(prompts, responses)], tok.pad_id,
+                          chunk_rows).cpu()
 
 
 def reward_fn(rm: RewardModel, tok: Tokenizer, chunk_rows: int = 64):
@@ -211,18 +213,19 @@ def train_reward_model(rm: RewardModel, train_pairs: list, val_pairs: list, cfg:
             group["lr"] = lr_at(step, cfg)
         pick = torch.randint(0, len(train_pairs), (cfg.batch_size,), generator=g).tolist()
         batch = [train_pairs[i] for i in pick]
-        r = score_rows(rm, [c for c, _ in batch] + [rj for _, rj in batch], pad_id, cfg.chunk_rows)  # (2B,) chosen first
+        r = score_rows(rm, [c for c, _ in batch] + [rj for _, rj in batch], pad_id,
+                       cfg.chunk_rows)  # (2B,) chosen first
         r_c, r_r = r[: cfg.batch_size], r[cfg.batch_size:]
         loss = bradley_terry_loss(r_c, r_r)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"reward model loss is {loss.item()} at step {step}")
+        require_finite(loss.item(), "the reward model's loss", step, out_dir if "step" in best else None)
         loss.backward()
         grad_norm = optimizer_step(rm, optimizer, cfg.grad_clip)
         done = step + 1
         if done % cfg.log_interval == 0:
             m = preference_metrics(r_c.detach(), r_r.detach())
-            append_metrics(out_dir / "metrics.jsonl", {"step": done, "loss/train": loss.item(), "train/grad_norm": grad_norm,
-                                                       "rewards/accuracies": m["accuracy"], "rewards/margins": m["margin"]})
+            append_metrics(out_dir / "metrics.jsonl",
+                           {"step": done, "loss/train": loss.item(), "train/grad_norm": grad_norm,
+                            "rewards/accuracies": m["accuracy"], "rewards/margins": m["margin"]})
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{m['accuracy']:.2f}")
         if done % cfg.eval_interval == 0 or done == cfg.max_steps:
             c, rj = score_pairs(rm, val_pairs, pad_id)
@@ -266,7 +269,7 @@ def ranking_scores(margins: torch.Tensor, gold: torch.Tensor) -> tuple[float, fl
 
 def agreement_by_part(parts: list[tuple[dict, dict]], margins: torch.Tensor, gold: torch.Tensor) -> dict[str, dict]:
     """For the pairs whose two responses differ in exactly one part of the gold reward (parts: the gold reward's
-    parts of (chosen, rejected), e.g. tinyworld.story_reward_parts) and whose gold rewards differ: how often the
+    parts of (chosen, rejected), e.g. gold_rewards.story_reward_parts) and whose gold rewards differ: how often the
     margins order them as gold does, by part. The parts a model gets wrong are what it has not learned to see."""
     out: dict[str, list[int]] = {}
     for (pc, pr), m, g in zip(parts, margins.tolist(), gold.tolist()):

@@ -23,10 +23,11 @@ from collections import defaultdict
 
 import torch
 
-from llm_from_scratch import tinyworld
 from llm_from_scratch.data import sft_collate
 from llm_from_scratch.generation import generate, sequence_logprobs
+from llm_from_scratch.gold_rewards import NUMBER_RUN, WORKED_TASKS, gold_reward
 from llm_from_scratch.model import GPT, eval_mode
+from llm_from_scratch.tasks import Example
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat, pad_right
 
 
@@ -73,7 +74,7 @@ def _field(example, name: str):
 
 # ----------------------------------------------------------------------------- evaluation
 
-NUMBER = tinyworld.NUMBER_RUN
+NUMBER = NUMBER_RUN
 STEP = r"\d+ (plus|minus) \d+ is \d+\."
 SUM = rf"\d+ (plus|minus) \d+: {STEP} {STEP}"  # '95 plus 42: 95 plus 40 is 135. 135 plus 2 is 137.'
 WORKED = re.compile(rf"{SUM}( {SUM})*")  # one worked sum per event, the answer last
@@ -84,7 +85,7 @@ def well_formed(task: str, response: str, ended: bool) -> bool:
     """Did the model stop (EOS) with an answer of the right shape for the task?"""
     if not ended:
         return False
-    if task in tinyworld.WORKED_TASKS:
+    if task in WORKED_TASKS:
         return WORKED.fullmatch(response) is not None
     if task == "count":
         return NUMBER.fullmatch(response) is not None
@@ -117,13 +118,14 @@ def answer(model: GPT, tok: Tokenizer, prompts: list[str], max_new_tokens: int =
 def evaluate_tasks(model: GPT, tok: Tokenizer, examples: list, max_new_tokens: int = 160,
                    batch_size: int = 64) -> tuple[dict[str, dict[str, float]], list[dict]]:
     """Greedy answers to held-out examples -> per task: accuracy (mean gold reward: 1/0 for the verifiable
-    tasks, the story score for stories), well_formed (share), n; plus one row per example (task, prompt, response, reward, well_formed)."""
-    examples = [e if isinstance(e, tinyworld.Example) else tinyworld.Example.from_dict(e) for e in examples]
+    tasks, the story score for stories), well_formed (share), n; plus one row per example (task, prompt, response,
+    reward, well_formed)."""
+    examples = [e if isinstance(e, Example) else Example.from_dict(e) for e in examples]
     answers = answer(model, tok, [e.prompt for e in examples], max_new_tokens, batch_size=batch_size)
     rows, per_task = [], defaultdict(list)
     for e, (response, ended) in zip(examples, answers):
         row = {"task": e.task, "prompt": e.prompt, "response": response, "target": e.response,
-               "reward": tinyworld.gold_reward(e, response), "well_formed": well_formed(e.task, response, ended)}
+               "reward": gold_reward(e, response), "well_formed": well_formed(e.task, response, ended)}
         rows.append(row)
         per_task[e.task].append(row)
     summary = {task: {"accuracy": sum(r["reward"] for r in rs) / len(rs),

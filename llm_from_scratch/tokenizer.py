@@ -206,7 +206,8 @@ def train_bpe_naive(text: str, vocab_size: int, pattern: str = GPT2_SPLIT_PATTER
     return ranks_from_merges(learn_merges_naive(text, vocab_size, pattern))
 
 
-def train_bpe(text: str, vocab_size: int, pattern: str = GPT2_SPLIT_PATTERN, progress: bool = False) -> dict[bytes, int]:
+def train_bpe(text: str, vocab_size: int, pattern: str = GPT2_SPLIT_PATTERN,
+              progress: bool = False) -> dict[bytes, int]:
     """Ranks learned by the fast trainer. Fewer than `vocab_size` when the text runs out of pairs."""
     return ranks_from_merges(learn_merges(text, vocab_size, pattern, progress=progress))
 
@@ -365,7 +366,8 @@ class Tokenizer:
         """Write `tokenizer.tiktoken` (the ranks, tiktoken's format) and `tokenizer.json` into folder `path`."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        lines = [f"{base64.b64encode(tb).decode('ascii')} {rank}" for tb, rank in sorted(self.ranks.items(), key=lambda kv: kv[1])]
+        lines = [f"{base64.b64encode(tb).decode('ascii')} {rank}"
+                 for tb, rank in sorted(self.ranks.items(), key=lambda kv: kv[1])]
         meta = {"name": self.encoding.name, "pattern": self.pattern, "special_tokens": self.special_tokens}
         atomic_write_text(folder / self.FILE_RANKS, "\n".join(lines) + "\n")
         atomic_write_text(folder / self.FILE_META, json.dumps(meta, indent=2) + "\n")
@@ -378,7 +380,8 @@ class Tokenizer:
         ranks_file, meta_file = folder / cls.FILE_RANKS, folder / cls.FILE_META
         for f in (ranks_file, meta_file):
             if not f.is_file():
-                raise FileNotFoundError(f"Tokenizer.load: {f} does not exist (expected a folder written by Tokenizer.save)")
+                raise FileNotFoundError(f"Tokenizer.load: {f} does not exist "
+                                        "(expected a folder written by Tokenizer.save)")
         try:
             meta = json.loads(meta_file.read_text(encoding="utf-8"))
             pattern, specials, name = meta["pattern"], meta["special_tokens"], meta["name"]
@@ -392,7 +395,8 @@ class Tokenizer:
                 b64, rank = line.split()
                 ranks[base64.b64decode(b64, validate=True)] = int(rank)
             except ValueError as err:
-                raise ValueError(f"Tokenizer.load: {ranks_file}, line {lineno}: expected '<base64> <rank>', got {line!r}") from err
+                raise ValueError(f"Tokenizer.load: {ranks_file}, line {lineno}: expected '<base64> <rank>', "
+                                 f"got {line!r}") from err
         return cls.from_ranks(ranks, special_tokens=specials, pattern=pattern, name=name)
 
 

@@ -16,7 +16,12 @@ model by validation loss (`model.safetensors` + `config.json` of kind "gpt", see
 `last/`, the latest weights plus `train_state.pt` (optimizer, step, RNG state) to resume from. A
 resumed run continues bit-for-bit: batches are a function of the step number (data.WindowSampler),
 and the RNG state saved is the one at the start of the next step. Ctrl-C saves before exiting; a
-non-finite loss stops the run and keeps the last good checkpoint.
+non-finite loss stops the run and keeps the last good checkpoint (`require_finite`).
+
+Every step is recorded once in `metrics.jsonl`, whenever the run was killed: a run that starts over deletes the
+file, and a run that resumes from its checkpoint of step s first cuts it back to steps ≤ s (the records a killed run
+wrote past its checkpoint are written again). Within a step the records are appended before the checkpoint is saved:
+a kill between the two leaves records past the checkpoint, which the cut removes, never a checkpoint past a record.
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from llm_from_scratch.checkpoint import append_metrics, load_model, load_state, load_train_state, save_model, save_train_state
+from llm_from_scratch.checkpoint import (
+    append_metrics,
+    load_model,
+    load_state,
+    load_train_state,
+    save_model,
+    save_train_state,
+    truncate_metrics,
+)
 from llm_from_scratch.device import DTYPES, autocast, dtype_of
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 
@@ -57,6 +70,17 @@ class TrainConfig:
     dtype: str = "float32"  # autocast dtype: "float32" (off) or "bfloat16" (device.choose_dtype picks one)
     compile: bool = False  # torch.compile the model
     seed: int = 0
+
+
+def require_finite(value: float, what: str, step: int, checkpoint: Path | None,
+                   hint: str = "lower --lr, or check the data") -> float:
+    """`value` (a loss, a gradient norm) if it is finite; else stop the run with a one-line FloatingPointError that
+    names `what` was not finite, at which step, and the last good checkpoint (None: "no checkpoint yet")."""
+    value = float(value)
+    if math.isfinite(value):
+        return value
+    kept = f"the last good checkpoint is {checkpoint}" if checkpoint is not None else "no checkpoint yet"
+    raise FloatingPointError(f"{what} is {value} at step {step}: stopping; {kept} ({hint})")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -116,7 +140,8 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gra
     return grad_norm
 
 
-def accumulate_gradients(model: torch.nn.Module, micro_batches: list[Batch], amp: torch.dtype | None = None) -> tuple[float, int]:
+def accumulate_gradients(model: torch.nn.Module, micro_batches: list[Batch],
+                         amp: torch.dtype | None = None) -> tuple[float, int]:
     """Gradient accumulation: the gradient of one large batch, built from K micro-batches that fit in memory.
 
     With L_k the mean token loss of micro-batch k, backpropagate L_k / K for each k, so that the summed gradients
@@ -175,10 +200,12 @@ def load_gpt(folder: str | Path, device: str | torch.device = "cpu", vocab_size:
 
 
 def save_checkpoint(out_dir: Path, model: GPT, optimizer, step: int, rng: dict, extra: dict) -> None:
-    """`last/`: weights + everything needed to continue at `step` (the next step to run)."""
+    """`last/`: weights + everything needed to continue at `step` (the next step to run). train_state.pt holds the
+    weights too, and a resume reads them from there: two files cannot be replaced at once, and a kill between the
+    two writes would otherwise pair this step's weights with the previous checkpoint's optimizer state."""
     save_gpt(model, out_dir / "last")
-    save_train_state(out_dir / "last" / "train_state.pt",
-                     {"step": step, "optimizer": optimizer.state_dict(), "rng": rng, **extra})
+    save_train_state(out_dir / "last" / "train_state.pt", {"step": step, "model": model.state_dict(),
+                                                           "optimizer": optimizer.state_dict(), "rng": rng, **extra})
 
 
 def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_batches: Callable[[], Iterable[Batch]],
@@ -196,16 +223,24 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
     amp = dtype_of(cfg.dtype)
     optimizer = configure_optimizer(model, cfg)
     start, tokens_seen, best_val, rng = 0, 0, float("inf"), None
-    state_file = out_dir / "last" / "train_state.pt"
+    state_file, metrics = out_dir / "last" / "train_state.pt", out_dir / "metrics.jsonl"
+    checkpoint = None  # the last good checkpoint, named when a loss goes non-finite
     if resume and state_file.is_file():
         state = load_train_state(state_file)
-        load_state(model, out_dir / "last" / "model.safetensors")
+        if "model" in state:
+            model.load_state_dict(state["model"])
+        else:  # a checkpoint from before train_state.pt held the weights
+            load_state(model, out_dir / "last" / "model.safetensors")
         optimizer.load_state_dict(state["optimizer"])
         start, tokens_seen, best_val, rng = state["step"], state["tokens_seen"], state["best_val"], state["rng"]
         _set_rng_state(rng)
+        truncate_metrics(metrics, start)  # drop what a killed run recorded past its checkpoint: it is replayed
+        checkpoint = out_dir / "last"
         if not quiet:
             print(f"resuming {out_dir} at step {start}")
-    else:
+    else:  # starting over: nothing of an earlier run in this folder is kept to be recorded twice or resumed from
+        metrics.unlink(missing_ok=True)
+        state_file.unlink(missing_ok=True)
         torch.manual_seed(cfg.seed)
     forward = torch.compile(model) if cfg.compile else model
     model.train()
@@ -225,9 +260,7 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
             micro_batches = [get_batch(step * cfg.grad_accum + micro) for micro in range(cfg.grad_accum)]
             train_loss, tokens = accumulate_gradients(forward, micro_batches, amp)
             tokens_seen += tokens
-            if not math.isfinite(train_loss):
-                raise FloatingPointError(f"the training loss is {train_loss} at step {step}: stopping. The last good "
-                                         f"checkpoint is kept in {out_dir} (lower --lr, or check the data)")
+            require_finite(train_loss, "the training loss", step, checkpoint)
             grad_norm = optimizer_step(model, optimizer, cfg.grad_clip)
             done = next_step = step + 1
 
@@ -235,23 +268,26 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
                 now = time.perf_counter()
                 tps = (tokens_seen - tokens_last) / max(1e-9, now - t_last)
                 t_last, tokens_last = now, tokens_seen
-                append_metrics(out_dir / "metrics.jsonl", {"step": done, "tokens": tokens_seen, "loss/train": train_loss,
-                                                           "train/lr": lr, "train/grad_norm": grad_norm,
-                                                           "train/tokens_per_s": tps})
+                append_metrics(metrics, {"step": done, "tokens": tokens_seen, "loss/train": train_loss, "train/lr": lr,
+                                         "train/grad_norm": grad_norm, "train/tokens_per_s": tps})
                 bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tps:,.0f}")
             if done % cfg.eval_interval == 0 or done == cfg.max_steps:
                 val = evaluate(model, val_batches(), device, cfg.dtype)
-                record = {"step": done, "tokens": tokens_seen, "loss/val": val, "val/perplexity": math.exp(min(val, 50))}
+                record = {"step": done, "tokens": tokens_seen, "loss/val": val,
+                          "val/perplexity": math.exp(min(val, 50))}
                 if on_eval is not None:
                     record.update(on_eval(done, model) or {})
-                append_metrics(out_dir / "metrics.jsonl", record)
+                append_metrics(metrics, record)
                 if val < best_val:
                     best_val = val
                     save_gpt(model, out_dir)
                 if not quiet:
                     bar.write(f"step {done}: val loss {val:.4f} (best {best_val:.4f})")
-            if done % cfg.checkpoint_interval == 0 or done == cfg.max_steps:
+            if done % cfg.checkpoint_interval == 0 or done == cfg.max_steps:  # after this step's records (see above)
+                weights = torch.stack([p.detach().float().norm() for p in model.parameters()]).norm().item()
+                require_finite(weights, "the weights' norm", step, checkpoint)  # nan weights are no good checkpoint
                 save_checkpoint(out_dir, model, optimizer, done, _rng_state(), extra())
+                checkpoint = out_dir / "last"
             bar.update(1)
     except KeyboardInterrupt:
         # before this step's update: replay it from its start state; after: continue with the next one

@@ -7,9 +7,20 @@ import math
 import pytest
 import torch
 
-from llm_from_scratch import tinyworld
-from llm_from_scratch.arena import (RFTConfig, best_of_n, best_of_n_curve, best_of_n_expected, best_of_n_kl_bound,
-                                    best_of_n_weights, distinct_n, evaluate, keep_top, rft_round, weights_digest)
+from llm_from_scratch import tasks
+from llm_from_scratch.arena import (
+    RFTConfig,
+    best_of_n,
+    best_of_n_curve,
+    best_of_n_expected,
+    best_of_n_kl_bound,
+    best_of_n_weights,
+    distinct_n,
+    evaluate,
+    keep_top,
+    rft_round,
+    weights_digest,
+)
 from llm_from_scratch.model import GPT, GPTConfig
 from llm_from_scratch.sft import answer, response_logprobs
 from llm_from_scratch.tokenizer import Tokenizer
@@ -44,7 +55,8 @@ def tok():
 
 def tiny_gpt(tok, context_length=64):
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=context_length, n_layer=1, n_head=2, n_embd=32)).eval()
+    return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=context_length, n_layer=1, n_head=2,
+                         n_embd=32)).eval()
 
 
 def test_best_of_one_is_plain_sampling(tok):
@@ -112,7 +124,8 @@ def test_best_of_n_curve():
     one, two = best_of_n_curve(proxy, gold, [1, 2])
     assert (one["n"], one["kl"], one["gold"], one["proxy"]) == (1, 0.0, pytest.approx(0.5), pytest.approx(0.5))
     assert two["gold"] == pytest.approx(0.25) and two["proxy"] == pytest.approx(1.0)  # the proxy picks gold 0 and 0.5
-    assert two["kl"] == pytest.approx(math.log(2) - 0.5) and two["gold_se"] == pytest.approx(0.25)  # sample std 0.5/√2, over √2 prompts
+    # sample std 0.5/√2, over √2 prompts
+    assert two["kl"] == pytest.approx(math.log(2) - 0.5) and two["gold_se"] == pytest.approx(0.25)
 
 
 # ----------------------------------------------------------------------------- rejection-sampling fine-tuning
@@ -219,12 +232,13 @@ def test_distinct_n_by_hand():
 
 
 def test_evaluate_is_the_same_for_the_same_checkpoint_and_seed(tok):
-    world = tinyworld.generate_instructions(12, seed=1, tasks=("story", "word_problem"), split="val")
+    world = tasks.generate_instructions(12, seed=1, tasks=("story", "word_problem"), split="val")
     stories = [e.to_dict() for e in world if e.task == "story"][:3]
     problems = [e.to_dict() for e in world if e.task == "word_problem"][:3]
     assert stories and problems
     reference = tiny_gpt(tok, 512)  # word problems are long prompts
-    policy = Nudged.build(tok, 512, eos=-2.0, favour=(" a", " kite", " time"))  # repeats itself: distinct-n well below 1
+    # repeats itself: distinct-n well below 1
+    policy = Nudged.build(tok, 512, eos=-2.0, favour=(" a", " kite", " time"))
     a = evaluate(policy, reference, tok, stories, problems, None, n=3, max_new_tokens=10, seed=4)
     torch.manual_seed(123)  # the global random state must not matter
     b = evaluate(policy, reference, tok, stories, problems, None, n=3, max_new_tokens=10, seed=4)

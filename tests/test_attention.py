@@ -1,4 +1,6 @@
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +18,36 @@ def test_explicit_attention_by_hand():
     y, w = explicit_attention(q, k, v, mask=None)
     assert y.flatten().tolist() == pytest.approx([4.0, 7.0])
     assert w[0, 0].flatten().tolist() == pytest.approx([1.0, 0.0, 0.25, 0.75])
+
+
+@pytest.mark.grades("attention.explicit_attention")
+def test_one_query_against_four_keys_with_a_mask_by_hand():
+    # chapter 2's worked example. Head size 4, so a score is q . k / 2 = the key's first coordinate: 0, ln 3, ln 4, 5.
+    # The mask hides key 3 (the query's future): exp gives 1, 3, 4 -> weights 1/8, 3/8, 4/8, 0, and the output is
+    # 1/8 (8, 0) + 3/8 (0, 8) + 1/2 (4, 4) = (3, 5)
+    q = torch.tensor([2.0, 0.0, 0.0, 0.0]).view(1, 1, 1, 4)
+    k = torch.tensor([[0.0, 1, 0, 0], [math.log(3), 0, 1, 0], [math.log(4), 0, 0, 1], [5, 0, 0, 0]]).view(1, 1, 4, 4)
+    v = torch.tensor([[8.0, 0.0], [0.0, 8.0], [4.0, 4.0], [100.0, 100.0]]).view(1, 1, 4, 2)
+    y, w = explicit_attention(q, k, v, mask=torch.tensor([True, True, True, False]).view(1, 1, 1, 4))
+    assert w.flatten().tolist() == pytest.approx([1 / 8, 3 / 8, 1 / 2, 0.0], abs=1e-6)
+    assert y.flatten().tolist() == pytest.approx([3.0, 5.0], abs=1e-5)
+
+
+@pytest.mark.grades("attention.explicit_attention", "attention.causal_mask")
+def test_causal_weights_are_exactly_zero_on_the_future_and_sum_to_one():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
+    y, w = explicit_attention(q, k, v, mask=None)
+    past_and_present = torch.ones(7, 7, dtype=torch.bool).tril()
+    assert (w[..., ~past_and_present] == 0).all(), "a future key must get weight exactly 0, not a small one"
+    assert (w[..., past_and_present] > 0).all(), "every key up to the query's own position takes part"
+    assert torch.allclose(w.sum(-1), torch.ones(2, 3, 7), atol=1e-6)
+    assert torch.allclose(y, w @ v, atol=1e-6)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, -1], v2[:, :, -1] = torch.randn(2, 3, 8), torch.randn(2, 3, 8)  # another last token
+    y2, _ = explicit_attention(q, k2, v2, mask=None)
+    assert torch.equal(y2[:, :, :-1], y[:, :, :-1]), "a new last token changed an earlier output"
+    assert not torch.allclose(y2[:, :, -1], y[:, :, -1])
 
 
 @pytest.mark.grades("attention.causal_mask")
@@ -37,6 +69,43 @@ def test_explicit_and_sdpa_agree(with_mask):
         keep = torch.rand(3, 1, 10, 10) > 0.3
         mask = (causal_mask(10, 10) & keep) | torch.eye(10, dtype=torch.bool)
     assert torch.allclose(a(x, mask), b(x, mask), atol=1e-5)
+
+
+def test_explicit_and_sdpa_gpts_agree_on_a_left_padded_batch():
+    # the same weights through a whole GPT, rows of 12, 7 and 3 real tokens padded on the left (the model builds the
+    # padding mask from attention_mask); a padding query sees only itself, so every logit is finite and compared
+    from llm_from_scratch.model import GPT, GPTConfig  # here: an assignment of attention.py alone needs no model.py
+
+    torch.manual_seed(0)
+    config = dict(vocab_size=64, context_length=16, n_layer=2, n_head=4, n_embd=32)
+    explicit = GPT(GPTConfig(**config, attn_impl="explicit")).eval()
+    fused = GPT(GPTConfig(**config, attn_impl="sdpa")).eval()
+    fused.load_state_dict(explicit.state_dict())
+    T = 12
+    idx = torch.randint(0, 64, (3, T))
+    attention_mask = torch.stack([torch.arange(T) >= T - m for m in (12, 7, 3)]).long()
+    error = (explicit(idx, attention_mask) - fused(idx, attention_mask)).abs().max().item()
+    assert error < 1e-5, f"explicit and sdpa logits differ by up to {error:.2e}"
+
+
+def test_the_hand_built_head_of_chapter_2_attends_to_the_previous_copy_of_its_token():
+    # chapters/ch02_attention.py sets a head's weights by hand: each token attends to the latest earlier copy of
+    # itself (itself when there is none) and its output copies that position's one-hot
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chapters"))
+    try:
+        import ch02_attention as ch02
+    finally:
+        sys.path.pop(0)
+    ids = [5, 1, 7, 1, 5, 5, 2, 7, 1]
+    expected = [max([j for j in range(i) if ids[j] == ids[i]], default=i) for i in range(len(ids))]
+    assert expected == [0, 1, 2, 1, 0, 4, 6, 2, 3]
+    head, x = ch02.duplicate_token_head(ids)
+    with torch.no_grad():
+        w = ch02.attention_weights(head, x)[0, 0]  # (T, T)
+        y = head(x)[0]  # (T, C): [token part | position part]
+    assert w.argmax(-1).tolist() == expected
+    assert w[range(len(ids)), expected].min() > 0.99
+    assert y[:, len(set(ids)):].argmax(-1).tolist() == expected
 
 
 @pytest.mark.grades("attention.CausalSelfAttention.forward")

@@ -5,6 +5,7 @@ folder as a real course run does; running them once here (not once per script an
 run_all) keeps the suite fast. The notebooks (test_notebooks.py) then reuse these runs.
 """
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -28,12 +29,14 @@ def test_run_all_lists_every_chapter_script():
 
 def test_ch07_loss_type_and_filter_reach_the_config_and_the_finished_run_check(tmp_path, monkeypatch):
     """--loss-type and --filter-groups land in PGConfig (what eval.json records), in the default folder's name, and
-    in the check that keeps a finished run: a run made with other knobs is not mistaken for this one, and a run from
-    before the knobs existed (its config without them) counts as their defaults."""
+    in the check that keeps a finished run (chapters/common.py): a run made with other flags is not mistaken for this
+    one, and neither is a run from before eval.json recorded its flags."""
     monkeypatch.delenv("LLMFS_QUICK", raising=False)
     sys.path.insert(0, str(ROOT / "chapters"))
     try:
         import ch07_policy_gradient as ch07
+
+        import common
     finally:
         sys.path.pop(0)
     default = ch07.parse_args(["--task", "stories"])  # the stories' recipe: the estimator's own loss, no filter
@@ -49,28 +52,31 @@ def test_ch07_loss_type_and_filter_reach_the_config_and_the_finished_run_check(t
     assert ch07.run_name(words) == ch07.run_name(ch07.parse_args(["--loss-type", "dapo"])) == "pg_word-problems_rloo"
     assert ch07.run_name(own) == "pg_word-problems_rloo_own_nofilter"
     assert ch07.parse_args(["--algo", "reinforce", "--k", "1", "--no-filter-groups"]).k == 1
-    for bad in (["--loss-type", "bnpo"], ["--algo", "reinforce", "--k", "1"], ["--task", "stories", "--algo", "reinforce",
-                                                                            "--k", "1", "--filter-groups"]):
+    for bad in (["--loss-type", "bnpo"], ["--algo", "reinforce", "--k", "1"],
+                ["--task", "stories", "--algo", "reinforce", "--k", "1", "--filter-groups"]):
         with pytest.raises(SystemExit):
             ch07.parse_args(bad)
 
+    with pytest.raises(dataclasses.FrozenInstanceError):  # parsed once, never changed
+        default.lr = 1.0
+
+    # a finished run is kept (not trained again) only when every flag that decides what it computes is the same
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_text(json.dumps({"quick": False}))
-    older = {k: v for k, v in vars(ch07.pg_config(default)).items() if k not in ("loss_type", "filter_groups")}
-    result = {"steps": default.steps, "seed": 0, "lr": default.lr, "prompts": default.prompts, "algo": default.algo,
-              "eval_samples": 0, "config": older}
-    (out / "eval.json").write_text(json.dumps(result))
-    assert ch07.finished_seed(default, out, 0) is not None  # from before the knobs: their defaults
-    words_result = {**result, "lr": words.lr}  # a word-problem run from before the recipe: not today's default run
-    (out / "eval.json").write_text(json.dumps(words_result))
-    assert ch07.finished_seed(words, out, 0) is None and ch07.finished_seed(own, out, 0) is not None
-    (out / "eval.json").write_text(json.dumps(result))
-    assert ch07.finished_seed(dapo, out, 0) is None
-    assert ch07.finished_seed(ch07.parse_args(["--task", "stories", "--loss-type", "grpo"]), out, 0) is None
-    assert ch07.finished_seed(ch07.parse_args(["--task", "stories", "--filter-groups"]), out, 0) is None
-    (out / "eval.json").write_text(json.dumps({**result, "config": vars(ch07.pg_config(dapo))}))
-    assert ch07.finished_seed(dapo, out, 0) is not None and ch07.finished_seed(default, out, 0) is None
+    (out / "eval.json").write_text(json.dumps({"seed": 0, "flags": common.flags_record(default)}))
+    assert common.finished_result(out, default, 0) is not None
+    where = ch07.parse_args(["--task", "stories", "--quiet", "--device", "cpu", "--out", str(out), "--no-build"])
+    assert common.finished_result(out, where, 0) is not None  # where it writes and how it reports: not what it is
+    assert common.finished_result(out, default, 1) is None  # another seed
+    for other in (dapo, ch07.parse_args(["--task", "stories", "--loss-type", "grpo"]),
+                  ch07.parse_args(["--task", "stories", "--filter-groups"]), ch07.parse_args(["--task", "stories",
+                                                                                              "--lr", "3e-5"]),
+                  ch07.parse_args(["--task", "stories", "--eval-samples", "4"]), words):
+        assert common.finished_result(out, other, 0) is None, other
+    assert common.finished_result(out, ch07.parse_args(["--task", "stories", "--no-resume"]), 0) is None
+    (out / "eval.json").write_text(json.dumps({"seed": 0, "config": vars(ch07.pg_config(default))}))
+    assert common.finished_result(out, default, 0) is None  # a run from before eval.json recorded its flags
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
@@ -174,12 +180,14 @@ def test_arena_over_seeds_quick(quick_env):
     chain = runs / "arena_seeds" / "seed1" / "quick"
     for stage in ("sft", "reward_model", "pg_word-problems_rloo", "ppo_stories", "dpo"):
         assert json.loads((chain / stage / "summary.json").read_text())["seed"] == 1, stage
-    assert (chain / "pretrain" / "model.safetensors").read_bytes() == (runs / "pretrain" / "model.safetensors").read_bytes()
+    assert ((chain / "pretrain" / "model.safetensors").read_bytes()
+            == (runs / "pretrain" / "model.safetensors").read_bytes())
     result = json.loads((runs / "arena_seeds" / "seeds.json").read_text())
     assert {"best-of-4", "RFT", "REINFORCE", "RLOO", "GRPO", "RLOO, β = 0", "PPO", "DPO"} <= set(result["spread"])
     seed1 = json.loads((chain / "arena" / "table.json").read_text())
     assert seed1["seed"] == 1 and result["spread"]["PPO"]["kl"]["each"][1] == seed1["table"]["PPO"]["kl"]
-    assert (runs / "arena_seeds" / "frontier.png").is_file() and "over 2 seeds" in (runs / "arena_seeds" / "table.md").read_text()
+    assert ((runs / "arena_seeds" / "frontier.png").is_file()
+            and "over 2 seeds" in (runs / "arena_seeds" / "table.md").read_text())
     again = subprocess.run(script, capture_output=True, text=True, env=quick_env, timeout=1800)
     kept = [line for line in again.stdout.splitlines() if line.startswith("seed 1: keeping ")
             and "the finished run" not in line]  # the chain's stages (the arena's own kept runs say "the finished run")
@@ -199,10 +207,13 @@ def test_policy_gradient_on_stories_and_resume(quick_env):
     assert summary["quick"] is True and summary["reward"] == "rm" and summary["algo"] == "grpo"
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {"gold/reward", "proxy/reward", "objective/kl", "objective/kl_k3", "policy/clipfrac", "gold/wrong_name",
-            "gold/wrong_object", "time/generate_s", "time/reference_s", "time/reward_s", "time/update_s"} <= set(records[-1])
+            "gold/wrong_object", "time/generate_s", "time/reference_s", "time/reward_s",
+            "time/update_s"} <= set(records[-1])
     # the one schema (evaluation.eval_record): greedy stories are scored by gold (not an accuracy) and the reward model
-    assert {"eval/greedy/gold", "eval/greedy/proxy", "eval/greedy/ended"} <= set(records[0]) <= set(records[-1]) | {"step"}
-    assert not any(k.startswith("eval/sampled/") or k == "eval/greedy/accuracy" for k in records[-1])  # no --eval-samples
+    assert ({"eval/greedy/gold", "eval/greedy/proxy", "eval/greedy/ended"}
+            <= set(records[0]) <= set(records[-1]) | {"step"})
+    # no --eval-samples
+    assert not any(k.startswith("eval/sampled/") or k == "eval/greedy/accuracy" for k in records[-1])
     samples = [json.loads(line) for line in (out / "rollout_samples.jsonl").read_text().splitlines()]
     assert samples and {"proxy", "gold", "name_ok", "object_ok"} <= set(samples[0])
 
@@ -226,64 +237,51 @@ def test_ppo_with_a_shared_critic_and_no_kl_penalty_and_resume(quick_env):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "objective/kl" in r]
     assert {"objective/kl", "objective/kl_coef", "objective/entropy", "objective/scores", "gold/reward", "proxy/reward",
-            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "value/explained_variance", "value/clipfrac",
-            "completions/mean_length", "gold/wrong_name", "time/update_s"} <= set(train[-1])
+            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "value/explained_variance",
+            "value/clipfrac", "completions/mean_length", "gold/wrong_name", "time/update_s"} <= set(train[-1])
     assert all(r["objective/kl_coef"] == 0 and r["policy/first_ratio_error"] == 0 for r in train)
     assert (out / "policy_value" / "model.safetensors").is_file() and (out / "curves.png").is_file()
 
     (out / "summary.json").unlink()  # as if stopped after its last checkpoint
-    again = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, env=quick_env, timeout=1200)
+    again = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, env=quick_env,
+                           timeout=1200)
     assert again.returncode == 0 and "resuming" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
     assert (out / "summary.json").is_file()
 
 
 @pytest.mark.slow
-def test_dpo_cached_and_live_reference_agree_and_the_comparison_reuses_the_default_run(quick_env):
-    """Chapter 9 with the reference's log-probs cached (the default) and with a live reference: the same numbers;
-    then --compare keeps the default run and tabulates every loss; then an interrupted run picks up."""
+def test_dpo_run_then_the_comparison_reuses_it_then_an_interrupted_run_resumes(quick_env):
+    """Chapter 9's default run (the reference's log-probs cached): its records, figures and files; --compare keeps it
+    and tabulates every loss; an interrupted run picks up with the cached log-probs read back. (That the cached and a
+    live reference train the same policy, and how sampled pairs are labelled, are unit tests in test_dpo.py.)"""
     script = str(ROOT / "chapters" / "ch09_dpo.py")
     runs = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick"
-    results = {}
-    for reference in ("cached", "live"):
-        run = subprocess.run([sys.executable, script, "--quick", "--quiet", "--reference", reference],
-                             capture_output=True, text=True, env=quick_env, timeout=1200)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        out = runs / ("dpo" if reference == "cached" else "dpo_live")
-        results[reference] = json.loads((out / "eval.json").read_text())
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        assert {"train/loss", "train/rewards/chosen", "train/rewards/rejected", "train/rewards/margins",
-                "train/rewards/accuracies", "train/logps/chosen", "train/logps/rejected"} <= set(records[1])
-        evals = [r for r in records if "val/loss" in r]
-        assert [r["step"] for r in evals] == [0, 3, 6]
-        assert {"eval/sampled/kl", "eval/sampled/kl_k3", "eval/sampled/gold", "eval/sampled/gold_se"} <= set(evals[-1])
-        assert "eval/sampled/proxy" not in evals[-1]  # DPO has no reward model: its proxy would be gold itself
-        # step 0: π = π_ref, so every pair's loss is log 2, up to float32: in cached mode the reference's sums of
-        # log-probs come from other batches than the policy's (2e-4 apart once on this Intel CPU)
-        assert evals[0]["val/loss"] == pytest.approx(0.693147, abs=1e-3) and evals[0]["eval/sampled/kl"] == 0.0
-        rows = [json.loads(line) for line in (out / "side_by_side.jsonl").read_text().splitlines()]
-        assert {r["step"] for r in rows} == {0, 3, 6} and {"prompt", "reference", "policy", "gold_policy"} <= set(rows[0])
-        for name in ("curves.png", "kl_gold.png", "logp_shift.png", "samples.md", "model.safetensors"):
-            assert (out / name).is_file(), name
-    cached, live = results["cached"], results["live"]
-    assert set(cached["weights_held"]) == {"policy"} and set(live["weights_held"]) == {"policy", "reference"}
-    assert (runs / "dpo" / "reference_logps.safetensors").is_file() and not (runs / "dpo_live" / "reference_logps.safetensors").exists()
-    # the first step sees the same weights and the same reference log-probs up to float32 rounding (sums of ~300
-    # log-probs made in other batches): its numbers agree to the 6th digit
-    first = {}
-    for reference in ("cached", "live"):
-        out = runs / ("dpo" if reference == "cached" else "dpo_live")
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        first[reference] = next(r for r in records if r.get("step") == 1 and "train/loss" in r)
-    for key in ("train/loss", "train/rewards/margins", "train/logps/chosen"):
-        assert first["cached"][key] == pytest.approx(first["live"][key], rel=1e-5, abs=1e-4), key
-    # after a few AdamW steps they drift apart by more: Adam divides each gradient by its own running size, so a
-    # parameter whose gradient is ~0 steps by ±lr on the sign of its rounding error (4e-4 in the margins seen once)
-    for key in ("rewards/accuracies", "rewards/margins", "loss", "logps/chosen"):
-        assert cached["val"][key] == pytest.approx(live["val"][key], rel=0.02, abs=5e-3), key
-    assert cached["after"]["gold"] == pytest.approx(live["after"]["gold"], abs=1e-6)
+    run = subprocess.run([sys.executable, script, "--quick", "--quiet"], capture_output=True, text=True, env=quick_env,
+                         timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = runs / "dpo"
+    result = json.loads((out / "eval.json").read_text())
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"train/loss", "train/rewards/chosen", "train/rewards/rejected", "train/rewards/margins",
+            "train/rewards/accuracies", "train/logps/chosen", "train/logps/rejected"} <= set(records[1])
+    evals = [r for r in records if "val/loss" in r]
+    assert ([r["step"] for r in evals] == [0, 3, 6]
+            and [r["step"] for r in records if "train/loss" in r] == [*range(1, 7)])
+    assert {"eval/sampled/kl", "eval/sampled/kl_k3", "eval/sampled/gold", "eval/sampled/gold_se"} <= set(evals[-1])
+    assert "eval/sampled/proxy" not in evals[-1]  # DPO has no reward model: its proxy would be gold itself
+    # step 0: π = π_ref, and the policy's held-out log-probs come from the same function, batches and weights as the
+    # cached reference's, so every h is exactly 0 and the loss is log 2 up to the float32 rounding of the mean
+    assert evals[0]["val/loss"] == pytest.approx(math.log(2), abs=1e-6) and evals[0]["val/rewards/margins"] == 0.0
+    assert evals[0]["eval/sampled/kl"] == 0.0
+    rows = [json.loads(line) for line in (out / "side_by_side.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in rows} == {0, 3, 6} and {"prompt", "reference", "policy", "gold_policy"} <= set(rows[0])
+    for name in ("curves.png", "kl_gold.png", "logp_shift.png", "samples.md", "model.safetensors",
+                 "reference_logps.safetensors"):
+        assert (out / name).is_file(), name
+    assert set(result["weights_held"]) == {"policy"}  # the reference released once its log-probs were cached
 
-    compare = subprocess.run([sys.executable, script, "--quick", "--quiet", "--compare"], capture_output=True, text=True,
-                             env=quick_env, timeout=1200)
+    compare = subprocess.run([sys.executable, script, "--quick", "--quiet", "--compare"], capture_output=True,
+                             text=True, env=quick_env, timeout=1200)
     assert compare.returncode == 0, compare.stdout[-3000:] + compare.stderr[-3000:]
     assert compare.stdout.count("keeping the finished run") == 1  # the default run above, not trained again
     table = (runs / "dpo_compare" / "compare.md").read_text()
@@ -292,26 +290,22 @@ def test_dpo_cached_and_live_reference_agree_and_the_comparison_reuses_the_defau
                 ("sigmoid", "0.5", "0.1")))
     assert (runs / "dpo_compare" / "compare.png").is_file()
 
-    # on-policy pairs: the SFT model's own stories, best against worst by gold, labelled with Bradley–Terry noise
+    # on-policy pairs, sampled by the chapter and kept in the run folder (their labelling: test_dpo.py)
     sampled = subprocess.run([sys.executable, script, "--quick", "--quiet", "--pairs", "sampled"], capture_output=True,
                              text=True, env=quick_env, timeout=1200)
-    out = runs / "dpo_sampled"
-    rows = [json.loads(line) for line in (out / "sampled_pairs.jsonl").read_text().splitlines()]
-    if not rows:  # the 20-step quick SFT model can write stories that all score 0 under the parsing gold: a clear stop
+    pairs = (runs / "dpo_sampled" / "sampled_pairs.jsonl").read_text().splitlines()
+    if not pairs:  # the 20-step quick SFT model can write stories that all score 0 under the parsing gold: a clear stop
         assert sampled.returncode != 0 and "tied on gold, so the model's own stories give no pair" in sampled.stderr
     else:
         assert sampled.returncode == 0, sampled.stdout[-3000:] + sampled.stderr[-3000:]
-        assert json.loads((out / "eval.json").read_text())["train_pairs"] == len(rows) >= 1
-    for r in rows:
-        assert r["gold_chosen"] != r["gold_rejected"] and "<|" not in r["chosen"] + r["rejected"]
-        assert r["p_chosen"] == pytest.approx(1 / (1 + math.exp(-8 * (r["gold_chosen"] - r["gold_rejected"]))))
+        assert json.loads((runs / "dpo_sampled" / "eval.json").read_text())["train_pairs"] == len(pairs)
 
-    (runs / "dpo" / "summary.json").unlink()  # as if stopped after its last checkpoint
-    again = subprocess.run([sys.executable, script, "--quick", "--quiet"], capture_output=True, text=True, env=quick_env,
-                           timeout=1200)
+    (out / "summary.json").unlink()  # as if stopped after its last checkpoint
+    again = subprocess.run([sys.executable, script, "--quick", "--quiet"], capture_output=True, text=True,
+                           env=quick_env, timeout=1200)
     assert again.returncode == 0 and "resuming" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
     assert "the reference's log-probs" not in again.stdout  # read back from the run folder, not computed again
-    assert (runs / "dpo" / "summary.json").is_file()
+    assert (out / "summary.json").is_file()
 
 
 def test_dpo_names_the_line_of_a_malformed_pair(quick_env, tmp_path):
@@ -334,19 +328,20 @@ def test_seed_sweep_prints_the_spread(quick_env):
     summary = json.loads((sweep / "summary.json").read_text())
     assert summary["quick"] is True and summary["seeds"] == [0, 1]
     runs = summary["spread"]["arithmetic"]["runs"]
-    seed_results = [json.loads((sweep / f"seed{k}" / "eval.json").read_text())["after"]["arithmetic"]["accuracy"] for k in (0, 1)]
+    seed_results = [json.loads((sweep / f"seed{k}" / "eval.json").read_text())["after"]["arithmetic"]["accuracy"]
+                    for k in (0, 1)]
     assert runs == seed_results and summary["spread"]["arithmetic"]["min"] == min(seed_results)
 
     # a sweep picks up where it stopped: finished seeds of the same configuration are kept, not trained again
-    again = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch05_sft.py"), "--quick", "--quiet", "--seeds", "2"],
-                           capture_output=True, text=True, env=quick_env, timeout=1200)
+    again = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch05_sft.py"), "--quick", "--quiet",
+                            "--seeds", "2"], capture_output=True, text=True, env=quick_env, timeout=1200)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.count("keeping the finished run") == 2 and "trained in" not in again.stdout
     assert json.loads((sweep / "summary.json").read_text())["spread"] == summary["spread"]
 
     # chapter 7's sweep starts seed k from chapter 5's seed k
-    pg = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch07_policy_gradient.py"), "--quick", "--quiet", "--seeds", "2"],
-                        capture_output=True, text=True, env=quick_env, timeout=1200)
+    pg = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch07_policy_gradient.py"), "--quick", "--quiet",
+                         "--seeds", "2"], capture_output=True, text=True, env=quick_env, timeout=1200)
     assert pg.returncode == 0, pg.stdout[-3000:] + pg.stderr[-3000:]
     pg_sweep = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick" / "pg_word-problems_rloo_seeds"
     spread = json.loads((pg_sweep / "summary.json").read_text())["spread"]
@@ -365,7 +360,8 @@ def test_seed_sweep_prints_the_spread(quick_env):
     summary = json.loads((ppo_sweep / "summary.json").read_text())
     for k in (0, 1):
         result = json.loads((ppo_sweep / f"seed{k}" / "eval.json").read_text())
-        assert Path(result["init"]) == sweep / f"seed{k}" and summary["spread"]["after"]["runs"][k] == result["after"]["gold"]
+        assert (Path(result["init"]) == sweep / f"seed{k}"
+                and summary["spread"]["after"]["runs"][k] == result["after"]["gold"])
 
     # and chapter 9's
     dpo = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch09_dpo.py"), "--quick", "--quiet", "--seeds", "2"],
@@ -394,7 +390,8 @@ def test_quick_chapter_6_from_an_empty_runs_folder_writes_only_under_quick(tmp_p
 @pytest.mark.parametrize("args,message", [
     (["ch05_sft.py", "--device", "tpu"], "error: unknown device 'tpu'"),
     (["ch04_pretrain.py", "--text", "no/such/file.txt"], "error: --text: no/such/file.txt does not exist"),
-    (["ch06_reward_model.py", "--init", "no/such/run"], "error: Tokenizer.load: no/such/run/tokenizer.tiktoken does not exist"),
+    (["ch06_reward_model.py", "--init", "no/such/run"],
+     "error: Tokenizer.load: no/such/run/tokenizer.tiktoken does not exist"),
     (["ch07_policy_gradient.py", "--seeds", "2"], "error: --seeds 2 starts seed k from"),
     (["ch08_ppo.py", "--seeds", "2"], "error: --seeds 2 starts seed k from"),
     (["ch09_dpo.py", "--seeds", "2"], "error: --seeds 2 starts seed k from"),
@@ -416,3 +413,215 @@ def test_no_build_refuses_with_the_command(quick_env, tmp_path):
                          capture_output=True, text=True, env=env)
     assert run.returncode == 2 and "make it first with `python chapters/ch05_sft.py --quick`" in run.stderr, run.stderr
     assert not (tmp_path / "quick" / "sft").exists()  # nothing was built
+
+
+# a chapter-4 run in its own process that SIGKILLs itself right after the metrics record (step, kind) is on disk:
+# a kill at a chosen moment, not a race against a file appearing
+KILLED_CH04 = """
+import os, signal, sys
+sys.path.insert(0, {chapters!r})
+import cli, ch04_pretrain
+import llm_from_scratch.train as train_module
+
+append, (step, kind) = train_module.append_metrics, {kill!r}
+def append_then_die(path, record):
+    append(path, record)
+    if record["step"] == step and kind in record:
+        os.kill(os.getpid(), signal.SIGKILL)
+train_module.append_metrics = append_then_die
+cli.run(ch04_pretrain.main, sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_pretraining_killed_before_and_after_its_first_checkpoint_ends_as_an_uninterrupted_run(quick_env, tmp_path):
+    """Quick chapter 4 (30 steps; train records every 7 steps, validation and checkpoint at 15 and 30), SIGKILLed
+    after recording step 14 (no checkpoint yet: the next run starts over), then after recording step 21 (checkpoint
+    of 15: the next run resumes there), then left to finish: metrics.jsonl holds each record once, as an
+    uninterrupted run's, and the best and last weights are bit-identical to its."""
+    import torch
+    from safetensors.torch import load_file
+
+    from llm_from_scratch.checkpoint import load_train_state, read_jsonl
+
+    env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path / "runs"))
+    flags = ["--quick", "--quiet", "--out"]
+    script = str(ROOT / "chapters" / "ch04_pretrain.py")
+    straight = subprocess.run([sys.executable, script, *flags, str(tmp_path / "a")], capture_output=True, text=True,
+                              env=env, timeout=600)
+    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
+
+    out = tmp_path / "b"
+
+    def killed(step, kind):
+        code = KILLED_CH04.format(chapters=str(ROOT / "chapters"), kill=(step, kind))
+        run = subprocess.run([sys.executable, "-c", code, *flags, str(out)], capture_output=True, text=True, env=env,
+                             timeout=600)
+        assert run.returncode == -9, run.stdout[-3000:] + run.stderr[-3000:]  # died by SIGKILL
+        return run
+
+    def records(folder):
+        return [(r["step"], "loss/train" in r, r.get("loss/train", r.get("loss/val")))
+                for r in read_jsonl(folder / "metrics.jsonl")]
+
+    killed(14, "loss/train")
+    assert [s for s, _, _ in records(out)] == [7, 14] and not (out / "last").exists()
+    second = killed(21, "loss/train")
+    assert "before |" in second.stdout  # it started over (a resumed run prints no samples of the untrained model)
+    assert load_train_state(out / "last" / "train_state.pt")["step"] == 15
+    assert [s for s, _, _ in records(out)] == [7, 14, 15, 21]
+    third = subprocess.run([sys.executable, script, *flags, str(out)], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert third.returncode == 0 and "before |" not in third.stdout, third.stdout[-3000:] + third.stderr[-3000:]
+    assert records(out) == records(tmp_path / "a") and [s for s, _, _ in records(out)] == [7, 14, 15, 21, 28, 30, 30]
+    for weights in ("model.safetensors", "last/model.safetensors"):
+        a, b = load_file(str(tmp_path / "a" / weights)), load_file(str(out / weights))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), weights
+
+
+@pytest.mark.parametrize("script", ["ch04_pretrain.py", "ch06_reward_model.py"])
+def test_a_nan_learning_rate_is_refused_by_argparse(script, quick_env, tmp_path):
+    env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, str(ROOT / "chapters" / script), "--lr", "nan"], capture_output=True,
+                         text=True, env=env, cwd=ROOT)
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert run.returncode == 2 and errors == [f"{script}: error: argument --lr: must be a finite number, got nan"], \
+        run.stderr
+    assert not any(tmp_path.iterdir())  # refused before building anything
+
+
+def test_finite_and_positive_float_flags(capsys):
+    sys.path.insert(0, str(ROOT / "chapters"))
+    try:
+        import cli
+    finally:
+        sys.path.pop(0)
+    ap = cli.parser("test")
+    ap.add_argument("--lr", type=cli.positive_float, default=1.0)
+    ap.add_argument("--coef", type=cli.finite_float, default=0.0)
+    args = ap.parse_args(["--lr", "3e-4", "--coef", "-0.5"])
+    assert (args.lr, args.coef) == (3e-4, -0.5) and ap.parse_args([]).lr == 1.0
+    for argv, message in ((["--coef", "inf"], "argument --coef: must be a finite number, got inf"),
+                          (["--coef=-Infinity"], "argument --coef: must be a finite number, got -Infinity"),
+                          (["--lr", "NaN"], "argument --lr: must be a finite number, got NaN"),
+                          (["--lr", "0"], "argument --lr: must be a positive number, got 0"),
+                          (["--lr=-1e-3"], "argument --lr: must be a positive number, got -1e-3"),
+                          (["--lr", "fast"], "argument --lr: must be a number, got 'fast'")):
+        with pytest.raises(SystemExit) as exit_:
+            ap.parse_args(argv)
+        assert exit_.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}"), argv
+
+
+KILLED_CH07 = """
+import os, signal, sys
+sys.path.insert(0, {chapters!r})
+import cli, ch07_policy_gradient
+
+append, step = ch07_policy_gradient.append_metrics, {kill!r}
+def append_then_die(path, record):
+    append(path, record)
+    if path.name == "metrics.jsonl" and record["step"] == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+ch07_policy_gradient.append_metrics = append_then_die
+cli.run(ch07_policy_gradient.main, sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_policy_gradient_killed_before_and_after_its_first_checkpoint_ends_as_an_uninterrupted_run(quick_env,
+                                                                                                   tmp_path):
+    """Quick chapter 7 (4 steps, an evaluation and a checkpoint at steps 2 and 4), SIGKILLed after recording step 1
+    (no checkpoint yet: the next run starts over), then after recording step 3 (checkpoint of step 2: the next run
+    resumes there, with the rollouts' random numbers where they were), then left to finish: metrics.jsonl and
+    rollout_samples.jsonl hold each record once, as an uninterrupted run's, and the weights are bit-identical."""
+    import torch
+    from safetensors.torch import load_file
+
+    from llm_from_scratch.checkpoint import read_jsonl
+
+    script = str(ROOT / "chapters" / "ch07_policy_gradient.py")
+    flags = ["--quick", "--quiet", "--out"]
+    straight = subprocess.run([sys.executable, script, *flags, str(tmp_path / "a")], capture_output=True, text=True,
+                              env=quick_env, timeout=900)
+    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
+    out = tmp_path / "b"
+
+    def killed(step):
+        code = KILLED_CH07.format(chapters=str(ROOT / "chapters"), kill=step)
+        run = subprocess.run([sys.executable, "-c", code, *flags, str(out)], capture_output=True, text=True,
+                             env=quick_env, timeout=900)
+        assert run.returncode == -9, run.stdout[-3000:] + run.stderr[-3000:]  # died by SIGKILL
+        return run
+
+    def records(folder, name="metrics.jsonl"):  # every record but its timings (the one thing a rerun may change)
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(folder / name)]
+
+    killed(1)
+    assert [r["step"] for r in records(out)] == [0, 1] and not (out / "last").exists()
+    second = killed(3)
+    assert "resuming" not in second.stdout  # no checkpoint to resume from: it started over
+    assert [r["step"] for r in records(out)] == [0, 1, 2, 3]
+    third = subprocess.run([sys.executable, script, *flags, str(out)], capture_output=True, text=True, env=quick_env,
+                           timeout=900)
+    assert third.returncode == 0 and "resuming" in third.stdout, third.stdout[-3000:] + third.stderr[-3000:]
+    assert records(out) == records(tmp_path / "a") and [r["step"] for r in records(out)] == [0, 1, 2, 3, 4]
+    assert records(out, "rollout_samples.jsonl") == records(tmp_path / "a", "rollout_samples.jsonl")
+    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_continues_only_the_same_flags_and_weights_and_cuts_the_logs_back(tmp_path, capsys):
+    """chapters/common.py: resume() loads the weights, optimizer and RNG of the last checkpoint and cuts the logs back
+    to its step; it starts over (and empties the folder) for other flags, for weights written after the train state
+    (a kill between the two writes), and under --no-resume."""
+    import dataclasses as dc
+
+    import torch
+
+    from llm_from_scratch.checkpoint import append_metrics, read_jsonl, save_tensors
+
+    sys.path.insert(0, str(ROOT / "chapters"))
+    try:
+        import common
+    finally:
+        sys.path.pop(0)
+
+    @dc.dataclass(frozen=True)
+    class Cfg:
+        lr: float = 0.1
+        no_resume: bool = False
+        quiet: bool = False
+
+    def checkpoint(model, optimizer, step):
+        save_tensors(out / "last" / "model.safetensors", model.state_dict())
+        common.save_state(out, Cfg(), step, optimizer, {"model.safetensors": model}, note=step)
+
+    out = tmp_path / "run"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    for step in range(1, 6):
+        model(torch.randn(4, 3)).square().mean().backward()
+        optimizer.step()
+        append_metrics(out / "metrics.jsonl", {"step": step})
+        if step == 3:
+            checkpoint(model, optimizer, step)
+            saved, rng = {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
+
+    fresh = torch.nn.Linear(3, 2)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    state = common.resume(out, Cfg(), {"model.safetensors": fresh}, fresh_opt)
+    assert state["step"] == 3 and state["note"] == 3 and torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(fresh.state_dict()[k], saved[k]) for k in saved)
+    assert fresh_opt.state_dict()["state"][0]["step"] == 3
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+    assert common.resume(out, Cfg(lr=0.2), {"model.safetensors": fresh}, fresh_opt) is None  # other flags
+    assert not out.exists() and "other flags: starting over" in capsys.readouterr().out
+
+    checkpoint(model, optimizer, 3)
+    save_tensors(out / "last" / "model.safetensors", {k: v + 1 for k, v in model.state_dict().items()})  # killed
+    assert common.resume(out, Cfg(), {"model.safetensors": fresh}, fresh_opt) is None  # between the two writes
+    assert "not those its train state was saved with" in capsys.readouterr().out
+    checkpoint(model, optimizer, 3)
+    assert common.resume(out, Cfg(no_resume=True), {"model.safetensors": fresh}, fresh_opt) is None
+    assert not out.exists()

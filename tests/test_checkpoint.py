@@ -75,7 +75,8 @@ def test_train_state_roundtrip_with_weights_only(tmp_path):
     state = {"step": 7, "rng": {"cpu": torch.get_rng_state()}, "best_val": float("inf"), "opt": {"lr": 0.1}}
     ck.save_train_state(tmp_path / "s.pt", state)
     back = ck.load_train_state(tmp_path / "s.pt")
-    assert back["step"] == 7 and back["best_val"] == float("inf") and torch.equal(back["rng"]["cpu"], state["rng"]["cpu"])
+    assert (back["step"] == 7 and back["best_val"] == float("inf")
+            and torch.equal(back["rng"]["cpu"], state["rng"]["cpu"]))
 
 
 def test_metrics_roundtrip_and_errors(tmp_path):
@@ -98,7 +99,8 @@ def test_runs_root_quick_and_override(monkeypatch, tmp_path):
     assert course.runs_root(quick=True) == course.REPO_ROOT / "runs" / "quick"
     monkeypatch.setenv("LLMFS_RUNS_DIR", str(tmp_path))
     assert course.runs_root(quick=False) == tmp_path
-    assert course.runs_root(quick=True) == tmp_path / "quick"  # smoke runs stay in their own folder wherever the runs live
+    # smoke runs stay in their own folder wherever the runs live
+    assert course.runs_root(quick=True) == tmp_path / "quick"
     monkeypatch.setenv("LLMFS_QUICK", "1")
     assert course.quick_mode()
     monkeypatch.setenv("LLMFS_QUICK", "0")
@@ -133,7 +135,8 @@ def test_checkpoint_errors_name_the_folder_tensor_and_chapter(tmp_path):
     with pytest.raises(ck.CheckpointError, match=r"vocabulary of 5 tokens but the tokenizer has 6") as err:
         ck.load_model(run, "toy", Tied, vocab_size=6)
     # checkpoint.py knows files, not chapters: course.py turns the folder at fault into the command that remakes it
-    assert err.value.folder == run and course.rebuild_hint(err.value.folder).endswith("`python chapters/ch05_sft.py --no-resume`")
+    assert (err.value.folder == run
+            and course.rebuild_hint(err.value.folder).endswith("`python chapters/ch05_sft.py --no-resume`"))
     weights = run / "model.safetensors"
     full = weights.read_bytes()
     weights.write_bytes(full[: len(full) // 2])  # a copy cut short
@@ -147,7 +150,8 @@ def test_checkpoint_errors_name_the_folder_tensor_and_chapter(tmp_path):
     with pytest.raises(ck.CheckpointError, match=r"older version") as err:
         ck.load_model(run, "toy", Tied)
     assert course.rebuild_hint(err.value.folder) == "; rebuild it with `python chapters/ch05_sft.py --no-resume`"
-    assert course.rebuild_hint(tmp_path / "quick" / "dpo" / "last") == "; rebuild it with `python chapters/ch09_dpo.py --quick`"
+    assert (course.rebuild_hint(tmp_path / "quick" / "dpo" / "last")
+            == "; rebuild it with `python chapters/ch09_dpo.py --quick`")
     assert course.rebuild_hint(tmp_path / "my_own_run") == ""
 
 

@@ -5,8 +5,16 @@ import math
 import pytest
 import torch
 
-from llm_from_scratch.dpo import (DPOConfig, concatenated_logps, dpo_loss, dpo_step, frozen_logps, preference_batch,
-                                  preference_metrics, reference_logps)
+from llm_from_scratch.dpo import (
+    DPOConfig,
+    concatenated_logps,
+    dpo_loss,
+    dpo_step,
+    frozen_logps,
+    preference_batch,
+    preference_metrics,
+    reference_logps,
+)
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 
@@ -211,3 +219,37 @@ def test_a_step_descends_the_mean_of_the_pair_losses(tok):
     assert norm > 0 and m["grad_norm"] == pytest.approx(norm, rel=1e-4)
     for p, q in zip(policy.parameters(), by_hand.parameters()):
         torch.testing.assert_close(p, q.detach() - 0.1 * q.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_sampled_pairs_take_the_best_and_the_worst_story_and_label_them_with_bradley_terry_noise(tok, monkeypatch):
+    """dpo.sampled_pairs with the sampling and the gold reward replaced by known ones: each prompt's best story
+    against its worst, ties and special tokens dropped, and the better story chosen with probability σ(8 Δgold)."""
+    import llm_from_scratch.dpo as dpo
+
+    golds = {"great": 0.9, "good": 0.6, "poor": 0.2, "same": 0.5}
+    k = 4
+    stories = {"a": ["good", "poor", "great", "great"],  # best: the first "great"; worst: "poor"
+               "tie": ["same", "same", "same", "same"],  # every story scores the same: no pair
+               "special": ["great", "bad <|eos|> text", "poor", "poor"]}  # a sampled special token is not text
+
+    def fake_answer(model, tok_, prompts, max_new_tokens, temperature, generator):
+        return [(s, None) for p in dict.fromkeys(prompts) for s in stories[p.split(":")[0]]]
+
+    monkeypatch.setattr(dpo, "answer", fake_answer)
+    monkeypatch.setattr(dpo, "story_reward", lambda spec, text: golds[text])
+    prompts = [{"prompt": name, "spec": {}} for name in stories]
+    pairs = dpo.sampled_pairs(tiny_gpt(tok), tok, prompts, k, 1.0, 8, seed=0)
+    assert [p["prompt"] for p in pairs] == ["a", "special"]
+    for p in pairs:
+        assert {p["chosen"], p["rejected"]} == {"great", "poor"}
+        assert p["p_chosen"] == pytest.approx(1 / (1 + math.exp(-8 * (p["gold_chosen"] - p["gold_rejected"]))))
+        assert golds[p["chosen"]] == p["gold_chosen"]
+
+    # the labeller's noise: over many prompts the better story is chosen σ(8 · 0.7) = 0.9963 of the time, the worse
+    # 0.0037; with Δ = 0.1 (good 0.6 vs same 0.5) σ(0.8) = 0.690 of the time: 2,000 prompts put it within ±3 s.e.
+    stories.update({f"n{i}": ["good", "same", "same", "same"] for i in range(2000)})
+    many = dpo.sampled_pairs(tiny_gpt(tok), tok, [{"prompt": f"n{i}", "spec": {}} for i in range(2000)], k, 1.0, 8,
+                             seed=3)
+    p = 1 / (1 + math.exp(-0.8))
+    share = sum(r["chosen"] == "good" for r in many) / len(many)
+    assert abs(share - p) < 3 * math.sqrt(p * (1 - p) / len(many)), share

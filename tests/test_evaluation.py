@@ -9,7 +9,7 @@ import statistics
 import pytest
 import torch
 
-from llm_from_scratch import tinyworld
+from llm_from_scratch import gold_rewards, tasks
 from llm_from_scratch.evaluation import eval_record, greedy_eval, mcnemar_exact, paired_gain, sampled_eval
 from llm_from_scratch.model import GPT, GPTConfig
 from llm_from_scratch.tokenizer import Tokenizer
@@ -55,7 +55,8 @@ def test_mcnemar_against_an_independent_computation():
     except ImportError:
         return  # scipy is not a dependency; the loop above is the second computation
     for b, c in ((1, 6), (3, 17), (40, 61)):
-        assert mcnemar_exact([1] * b + [0] * c, [0] * b + [1] * c)["p_value"] == pytest.approx(binomtest(b, b + c).pvalue)
+        assert (mcnemar_exact([1] * b + [0] * c, [0] * b + [1] * c)["p_value"]
+                == pytest.approx(binomtest(b, b + c).pvalue))
 
 
 @pytest.mark.grades("evaluation.mcnemar_exact")
@@ -89,7 +90,8 @@ def test_paired_gain_by_hand():
 def test_paired_gain_is_the_mean_and_se_of_the_prompt_means():
     g = torch.Generator().manual_seed(0)
     a, b = torch.rand(40, generator=g), torch.rand(40, generator=g)
-    per_prompt = [statistics.fmean(a[i:i + 4].tolist()) - statistics.fmean(b[i:i + 4].tolist()) for i in range(0, 40, 4)]
+    per_prompt = [statistics.fmean(a[i:i + 4].tolist()) - statistics.fmean(b[i:i + 4].tolist())
+                  for i in range(0, 40, 4)]
     gain, se = paired_gain(a.tolist(), b.tolist(), 4)
     assert gain == pytest.approx(statistics.fmean(per_prompt), abs=1e-12)
     assert se == pytest.approx(statistics.stdev(per_prompt) / math.sqrt(10), abs=1e-12)
@@ -154,10 +156,10 @@ def test_greedy_eval_by_hand(tok):
 
 
 def test_greedy_eval_of_stories_is_a_gold_score(tok):
-    story = next(e.to_dict() for e in tinyworld.generate_instructions(8, seed=1, tasks=("story",), split="val"))
+    story = next(e.to_dict() for e in tasks.generate_instructions(8, seed=1, tasks=("story",), split="val"))
     result = greedy_eval(Answers5.build(tok), tok, [story, arithmetic(2, 3)])
     assert result["verifiable"] is False and result["gold_each"][1] == 1.0
-    assert result["gold_each"][0] == tinyworld.gold_reward(story, "5")
+    assert result["gold_each"][0] == gold_rewards.gold_reward(story, "5")
     assert set(eval_record(result, "eval/greedy")) == {"eval/greedy/gold", "eval/greedy/ended"}
     with pytest.raises(ValueError, match="no held-out"):
         greedy_eval(Answers5.build(tok), tok, [])
@@ -171,8 +173,8 @@ def tiny_gpt(tok, seed, dropout=0.1):
     return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=32, dropout=dropout))
 
 
-EXAMPLES = [arithmetic(2, 3), arithmetic(1, 4), arithmetic(2, 3), {"task": "sort", "prompt": "Sort these words: cat, dog.",
-                                                                  "answer": "cat, dog"}]  # 3 distinct prompts
+EXAMPLES = [arithmetic(2, 3), arithmetic(1, 4), arithmetic(2, 3),
+            {"task": "sort", "prompt": "Sort these words: cat, dog.", "answer": "cat, dog"}]  # 3 distinct prompts
 
 
 def test_sampled_eval_draws_the_same_every_call_and_kl_is_zero_against_itself(tok):
@@ -187,7 +189,7 @@ def test_sampled_eval_draws_the_same_every_call_and_kl_is_zero_against_itself(to
     prompts = ["Add 2 and 3.", "Add 1 and 4.", "Sort these words: cat, dog."]
     by_prompt = {e["prompt"]: e for e in EXAMPLES}
     for i, text in enumerate(a["completions"]):  # sample j of prompt i at i * n + j, each scored by the gold reward
-        assert a["gold_each"][i] == tinyworld.gold_reward(by_prompt[prompts[i // 4]], text)
+        assert a["gold_each"][i] == gold_rewards.gold_reward(by_prompt[prompts[i // 4]], text)
     assert a["gold"] == pytest.approx(statistics.fmean(a["gold_each"]))
     assert a["gold_se"] == pytest.approx(statistics.stdev(a["gold_each"]) / math.sqrt(12), abs=1e-7)
     assert a["proxy_each"] == a["gold_each"] and a["has_proxy"] is False
@@ -196,7 +198,8 @@ def test_sampled_eval_draws_the_same_every_call_and_kl_is_zero_against_itself(to
     same = sampled_eval(reference, copy.deepcopy(reference), tok, EXAMPLES, 4, 0.8, 8, None, seed=3)
     assert same["kl"] == 0.0 and same["kl_k3"] == 0.0  # log π − log π_ref = 0 on every token, exactly
 
-    proxy = sampled_eval(policy, reference, tok, EXAMPLES, 4, 0.8, 8, lambda ps, cs: [float(len(c)) for c in cs], seed=3)
+    proxy = sampled_eval(policy, reference, tok, EXAMPLES, 4, 0.8, 8, lambda ps, cs: [float(len(c)) for c in cs],
+                         seed=3)
     assert proxy["completions"] == a["completions"] and proxy["proxy_each"] == [float(len(c)) for c in a["completions"]]
     assert set(eval_record(proxy, "eval/sampled")) == {f"eval/sampled/{k}" for k in
                                                         ("gold", "gold_se", "proxy", "kl", "kl_k3", "length")}
@@ -215,7 +218,7 @@ def old_sampled_eval(policy, reference, tok, examples, n, temperature, max_new_t
     by_prompt = {e["prompt"]: e for e in examples}
 
     def gold_fn(prompts, completions):
-        return [tinyworld.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
+        return [gold_rewards.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
 
     generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(10_000 + seed)
     ro = pg.rollout(policy, reference, tok, list(by_prompt), n, proxy_fn or gold_fn, gold_fn, max_new_tokens,
@@ -225,8 +228,8 @@ def old_sampled_eval(policy, reference, tok, examples, n, temperature, max_new_t
     kl1 = pg.masked_sum(pg.kl_k1(logp, ro.ref_logp), ro.mask, 1)
     kl3 = pg.masked_sum(pg.kl_k3(logp, ro.ref_logp), ro.mask, 1)
     return {"gold": ro.gold.mean().item(), "gold_se": (ro.gold.std() / math.sqrt(ro.gold.numel())).item(),
-            "proxy": ro.rewards.mean().item(), "kl": kl1.mean().item(), "kl_k3": kl3.mean().item(), "n": ro.gold.numel(),
-            "length": ro.mask.sum(1).float().mean().item(),
+            "proxy": ro.rewards.mean().item(), "kl": kl1.mean().item(), "kl_k3": kl3.mean().item(),
+            "n": ro.gold.numel(), "length": ro.mask.sum(1).float().mean().item(),
             "gold_each": ro.gold.tolist(), "proxy_each": ro.rewards.tolist(), "completions": ro.completions,
             "samples": [{"prompt": p, "response": c, "gold": g} for p, c, g in
                         zip(ro.prompts[::n][:6], ro.completions[::n][:6], ro.gold[::n][:6].tolist())]}

@@ -4,7 +4,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-from llm_from_scratch.generation import filter_logits, generate, left_pad, sample_next, sequence_logprobs, token_logprobs
+from llm_from_scratch.generation import (
+    filter_logits,
+    generate,
+    left_pad,
+    sample_next,
+    sequence_logprobs,
+    token_logprobs,
+)
 from llm_from_scratch.model import GPT, GPTConfig
 
 
@@ -58,7 +65,8 @@ def test_all_rows_done_stops_early():
 def test_cache_and_no_cache_generate_the_same_tokens(model, temperature):
     prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
     a = generate(model, prompts, 20, temperature=temperature, generator=torch.Generator().manual_seed(1))
-    b = generate(model, prompts, 20, temperature=temperature, use_cache=False, generator=torch.Generator().manual_seed(1))
+    b = generate(model, prompts, 20, temperature=temperature, use_cache=False,
+                 generator=torch.Generator().manual_seed(1))
     assert torch.equal(a.sequences, b.sequences)
 
 
@@ -72,14 +80,19 @@ def test_batched_greedy_equals_each_prompt_alone(model):
 
 
 def test_seeded_sampling_repeats(model):
-    g = lambda s: generate(model, [[1, 2]], 10, generator=torch.Generator().manual_seed(s)).sequences
+    def g(s):
+        return generate(model, [[1, 2]], 10, generator=torch.Generator().manual_seed(s)).sequences
+
     assert torch.equal(g(3), g(3)) and not torch.equal(g(3), g(4))
 
 
 @pytest.mark.grades("generation.filter_logits")
 def test_top_p_by_hand():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = lambda p: torch.isfinite(filter_logits(logits, top_p=p)).int().tolist()[0]
+
+    def kept(p):
+        return torch.isfinite(filter_logits(logits, top_p=p)).int().tolist()[0]
+
     assert kept(0.8) == [1, 1, 0, 0]  # 0.5 + 0.3 reaches 0.8
     assert kept(0.81) == [1, 1, 1, 0]
     assert kept(0.3) == [1, 0, 0, 0]  # the most likely token always stays
@@ -194,7 +207,8 @@ def test_sequence_logprobs_align_with_the_completion_mask_and_carry_gradients():
 
 @pytest.mark.grades("generation.sequence_logprobs")
 def test_sequence_logprobs_of_right_padded_rows_equal_each_row_alone(model):
-    """Preference data and SFT batches are padded on the right: the same values, and 0 wherever the target is padding."""
+    """Preference data and SFT batches are padded on the right: the same values, and 0 wherever the target is
+    padding."""
     rows = [[1, 2, 3, 4, 5], [6, 7, 8]]
     ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])

@@ -68,7 +68,8 @@ def test_head_is_tied_to_the_embedding():
 def test_gpt2_initialisation():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=100, context_length=16, n_layer=8, n_head=4, n_embd=256))
-    proj = torch.cat([b.attn.c_proj.weight.flatten() for b in model.blocks] + [b.mlp.c_proj.weight.flatten() for b in model.blocks])
+    proj = torch.cat([b.attn.c_proj.weight.flatten() for b in model.blocks]
+                     + [b.mlp.c_proj.weight.flatten() for b in model.blocks])
     assert proj.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.02)
     assert model.blocks[0].mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.02)
     assert model.blocks[0].attn.c_attn.bias.abs().max().item() == 0

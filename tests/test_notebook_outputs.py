@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
-ABSOLUTE_PATH = re.compile(r"(?<![\w.~])(/(home|Users|tmp|work|root|private|var/folders|mnt|opt)/[\w.\-/]+|[A-Za-z]:\\\\[\w.\-\\]+)")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~])(/(home|Users|tmp|work|root|private|var/folders|mnt|opt)/[\w.\-/]+"
+                           r"|[A-Za-z]:\\\\[\w.\-\\]+)")
 PROGRESS = re.compile(r"(\d+)%\|")  # tqdm: ' 37%|███▋      | 37/100 [...]'
 ANSWER_COLUMN = re.compile(r"\b(response|answer|completion|sample|output)s?\b", re.IGNORECASE)
 PROMPT_COLUMN = re.compile(r"\b(prompt|question|instruction|input)s?\b", re.IGNORECASE)
@@ -95,7 +96,8 @@ def problems(nb) -> list[str]:
             found += [f"cell {i}: progress bar left at {b!r}" for b in frozen_progress_bars(text)]
             if is_json_dump(text):
                 found.append(f"cell {i}: a raw JSON dump ({text.strip()[:40]!r}...)")
-            found += [f"cell {i}: a table of answers without the prompt: {h[:80]!r}" for h in tables_without_prompts(text)]
+            found += [f"cell {i}: a table of answers without the prompt: {h[:80]!r}"
+                      for h in tables_without_prompts(text)]
         if duplicate_images(outputs):
             found.append(f"cell {i}: a figure drawn twice")
     return found
@@ -105,17 +107,19 @@ def test_the_checks_catch_what_they_should():
     assert absolute_paths("saved to /work/main/runs/pretrain and /home/ana/x.png") == ["/work/main/runs/pretrain",
                                                                                       "/home/ana/x.png"]
     assert absolute_paths("saved to runs/pretrain (tokens/s 1,234; 3/4 done)") == []
-    assert frozen_progress_bars("train:  37%|███▋      | 37/100 [00:03<00:06]\r") == ["train:  37%|███▋      | 37/100 [00:03<00:06]"]
+    assert (frozen_progress_bars("train:  37%|███▋      | 37/100 [00:03<00:06]\r")
+            == ["train:  37%|███▋      | 37/100 [00:03<00:06]"])
     assert frozen_progress_bars("train:  37%|███▋ | 37/100\rtrain: 100%|██████████| 100/100\n") == []
     assert is_json_dump('{\n  "accuracy": 0.76,\n  "n": 3,\n  "x": 1,\n  "y": 2\n}')
     assert not is_json_dump("accuracy 0.76\nn 3\n")
-    assert tables_without_prompts("| task | response | gold |\n|---|---|---:|\n| qa | blue | 1.0 |") == ["| task | response | gold |"]
+    assert (tables_without_prompts("| task | response | gold |\n|---|---|---:|\n| qa | blue | 1.0 |")
+            == ["| task | response | gold |"])
     assert tables_without_prompts("| task | prompt | response |\n|---|---|---|\n| qa | What? | blue |") == []
     png = {"output_type": "display_data", "data": {"image/png": "iVBOR..."}, "metadata": {}}
     twice = [nbformat.from_dict(png), nbformat.from_dict(dict(png, output_type="execute_result", execution_count=1))]
     assert duplicate_images(twice) == 1 and duplicate_images(twice[:1]) == 0
-    bare = nbformat.from_dict({"output_type": "display_data", "data": {"text/plain": "<Figure size 640x480 with 1 Axes>"},
-                               "metadata": {}})
+    bare = nbformat.from_dict({"output_type": "display_data",
+                               "data": {"text/plain": "<Figure size 640x480 with 1 Axes>"}, "metadata": {}})
     assert duplicate_images(twice[:1] + [bare]) == 1
 
 

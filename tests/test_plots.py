@@ -2,7 +2,8 @@ from llm_from_scratch.plots import line_plot, loss_plot, merges_plot
 
 
 def test_loss_plot_draws_train_val_and_floor(tmp_path):
-    records = [{"tokens": 100, "loss/train": 3.0}, {"tokens": 200, "loss/train": 2.0, }, {"tokens": 200, "loss/val": 2.1}]
+    records = [{"tokens": 100, "loss/train": 3.0}, {"tokens": 200, "loss/train": 2.0, },
+               {"tokens": 200, "loss/val": 2.1}]
     fig = loss_plot(records, tmp_path / "loss.png", floor=0.5)
     ax = fig.axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()}

@@ -37,7 +37,8 @@ def test_rloo_leaves_each_sample_out_of_its_own_baseline():
     expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 4 / 3, -4 / 3, 0.0, 0.0])
     assert torch.allclose(rloo_advantages(rewards, k=4), expected)
     # equivalently k/(k-1) times the deviation from the group mean; and a group of equal rewards carries no signal
-    assert torch.allclose(rloo_advantages(rewards, 4), 4 / 3 * (rewards.view(2, 4) - rewards.view(2, 4).mean(1, True)).view(-1))
+    assert torch.allclose(rloo_advantages(rewards, 4),
+                          4 / 3 * (rewards.view(2, 4) - rewards.view(2, 4).mean(1, True)).view(-1))
     assert torch.equal(rloo_advantages(torch.tensor([0.5, 0.5, 0.5]), 3), torch.zeros(3))
 
 
@@ -182,7 +183,8 @@ def test_clipped_loss_ratio_is_one_on_the_first_epoch_and_clips_after():
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]], requires_grad=True)
     mask = torch.ones(2, 2)
     adv = torch.tensor([1.0, -2.0])
-    loss, clipfrac = clipped_policy_loss(logp, logp, adv, mask)  # old log-probs are constants, even when the same tensor
+    # old log-probs are constants, even when the same tensor
+    loss, clipfrac = clipped_policy_loss(logp, logp, adv, mask)
     # ratio 1 everywhere: the loss is -mean(A), its gradient the plain policy gradient, nothing clipped
     assert loss.item() == pytest.approx(-(1.0 - 2.0) / 2) and clipfrac.item() == 0.0
     loss.backward()
@@ -357,7 +359,8 @@ def test_the_update_scores_the_samples_at_their_temperature(tok):
     assert metrics["objective/kl_k3"] == pytest.approx(0.0, abs=1e-5)
 
 
-# ----------------------------------------------------------------------------- TRL's GRPO knobs: loss_type and DAPO's filter
+# ----------------------------------------------------------------------------- TRL's GRPO knobs:
+# loss_type and DAPO's filter
 
 def two_prompts(tok, policy, reference, reward_fn):
     """4 samples of each of two prompts (rows 0-3 and 4-7), at T = 0.7, the same draws every call."""

@@ -81,10 +81,12 @@ def test_the_score_lands_on_the_last_real_token():
 @pytest.mark.grades("ppo.clipped_value_loss")
 def test_clipped_value_loss_by_hand():
     # inside the range: V = 1.1, V_old = 1.0, R = 2 -> both errors 0.81, loss ½·0.81, not clipped
-    loss, frac = clipped_value_loss(torch.tensor([[1.1]]), torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.ones(1, 1))
+    loss, frac = clipped_value_loss(torch.tensor([[1.1]]), torch.tensor([[1.0]]), torch.tensor([[2.0]]),
+                                    torch.ones(1, 1))
     assert loss.item() == pytest.approx(0.405) and frac.item() == 0
     # outside: V = 1.5 is clipped to 1.2; the clipped error (0.8² = 0.64) beats the unclipped (0.5² = 0.25)
-    loss, frac = clipped_value_loss(torch.tensor([[1.5]]), torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.ones(1, 1))
+    loss, frac = clipped_value_loss(torch.tensor([[1.5]]), torch.tensor([[1.0]]), torch.tensor([[2.0]]),
+                                    torch.ones(1, 1))
     assert loss.item() == pytest.approx(0.32) and frac.item() == 1
     # moving away from R past the clip: the unclipped error is the larger, the gradient still flows
     v = torch.tensor([[0.5]], requires_grad=True)
@@ -191,7 +193,8 @@ def test_ppo_step_trains_policy_and_critic_never_the_reference_and_starts_at_rat
     opt = make_optimizer(policy, critic, lr=1e-3, critic_lr=1e-2)
     ro = tiny_rollout(tok, policy, reference)
     kl_ctl = AdaptiveKLController(0.1, target=1.0, horizon=100)
-    metrics = ppo_step(policy, critic, opt, ro, kl_ctl, PPOConfig(epochs=2, minibatches=2), torch.Generator().manual_seed(0))
+    metrics = ppo_step(policy, critic, opt, ro, kl_ctl, PPOConfig(epochs=2, minibatches=2),
+                       torch.Generator().manual_seed(0))
     assert metrics["policy/first_ratio_error"] == 0.0  # the first minibatch sees exactly the policy that sampled
     assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-5)  # policy == reference when it sampled
     assert kl_ctl.value == pytest.approx(0.1 * (1 - 0.2 * 8 / 100))  # KL 0 < target: the coefficient falls
@@ -200,8 +203,8 @@ def test_ppo_step_trains_policy_and_critic_never_the_reference_and_starts_at_rat
     assert any(not torch.equal(a, b) for a, b in zip(pol_before, gpt.parameters()))
     assert not torch.equal(head_before, head.weight) and policy.training  # the mode is given back
     assert {"objective/kl_coef", "objective/entropy", "objective/scores", "gold/reward", "proxy/reward",
-            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "value/explained_variance", "value/clipfrac",
-            "completions/mean_length"} <= set(metrics)
+            "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "value/explained_variance",
+            "value/clipfrac", "completions/mean_length"} <= set(metrics)
 
 
 def test_the_kl_penalty_enters_the_reward_with_its_sign(tok):

@@ -12,7 +12,7 @@ def readme_commands() -> list[str]:
 
 def test_readme_opens_with_the_two_commands():
     course, tests = readme_commands()
-    assert "chapters/run_all.py" in course and "pytest" in tests
+    assert "chapters/run_all.py" in course and "pytest" in tests and "ruff check" in tests  # the lint runs with them
     head = (ROOT / "README.md").read_text()[:600]
     assert course in head and tests in head
 

@@ -5,8 +5,19 @@ import pytest
 import torch
 
 from llm_from_scratch.model import GPT, GPTConfig
-from llm_from_scratch.reward_model import (RewardModel, agreement_by_part, average_ranks, bradley_terry_loss, center_rewards,
-                                           gold_sign, load_preferences, pearson, preference_metrics, ranking_scores, spearman)
+from llm_from_scratch.reward_model import (
+    RewardModel,
+    agreement_by_part,
+    average_ranks,
+    bradley_terry_loss,
+    center_rewards,
+    gold_sign,
+    load_preferences,
+    pearson,
+    preference_metrics,
+    ranking_scores,
+    spearman,
+)
 from llm_from_scratch.tokenizer import pad_right
 
 
@@ -112,7 +123,8 @@ def test_score_texts_matches_scoring_each_text_alone():
 
     tok = Tokenizer.train("Mia found a red kite. The end. Add 2 and 3. 5 " * 20, 300)
     torch.manual_seed(0)
-    model = RewardModel(GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=16))).eval()
+    model = RewardModel(GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2,
+                                      n_embd=16))).eval()
     prompts, responses = ["Add 2 and 3.", "Write a story."], ["5", "Mia found a red kite. The end."]
     batched = score_texts(model, tok, prompts, responses)
     for i, (p, r) in enumerate(zip(prompts, responses)):
@@ -127,7 +139,8 @@ def test_reward_fn_scores_sampled_completions_as_sampled():
 
     tok = Tokenizer.train("Mia found a red kite. The end. Add 2 and 3. 5 " * 20, 300)
     torch.manual_seed(0)
-    model = RewardModel(GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=16))).eval()
+    model = RewardModel(GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2,
+                                      n_embd=16))).eval()
     score = reward_fn(model, tok)
     prompts, completions = ["Add 2 and 3.", "Write a story."], ["5", "Mia found a red kite. The end."]
     assert torch.allclose(score(prompts, completions), score_texts(model, tok, prompts, completions), atol=1e-5)
@@ -135,7 +148,8 @@ def test_reward_fn_scores_sampled_completions_as_sampled():
     odd = score(["Write a story."], ["Mia <|assistant|> kite"])
     assert odd.shape == (1,) and not odd.requires_grad
     # chapter 6 scores the SFT model's samples with score_texts: one path, the same number, no tiktoken refusal
-    assert score_texts(model, tok, ["Write a story."], ["Mia <|assistant|> kite"]).item() == pytest.approx(odd.item(), abs=1e-6)
+    assert (score_texts(model, tok, ["Write a story."], ["Mia <|assistant|> kite"]).item()
+            == pytest.approx(odd.item(), abs=1e-6))
     from llm_from_scratch.reward_model import response_row
     row = response_row(tok, "Write a story.", "Mia <|assistant|> kite")
     assert tok.special_tokens["<|assistant|>"] in row[row.index(tok.special_tokens["<|assistant|>"]) + 1:]  # as sampled
@@ -145,7 +159,8 @@ def test_length_sorted_chunks_give_the_rewards_and_gradients_of_one_padded_batch
     from llm_from_scratch.reward_model import score_rows
 
     g = torch.Generator().manual_seed(0)
-    pairs = [tuple(torch.randint(1, 30, (int(n),), generator=g).tolist() for n in torch.randint(2, 30, (2,), generator=g))
+    pairs = [tuple(torch.randint(1, 30, (int(n),), generator=g).tolist()
+                   for n in torch.randint(2, 30, (2,), generator=g))
              for _ in range(7)]  # 7 pairs of random lengths
     one_model, chunked_model = rm(), rm()
     ids, mask, last = preference_collate(pairs, pad_id=0)
@@ -218,3 +233,16 @@ def test_training_ranks_the_chosen_response_above_the_rejected_one(tmp_path):
     ids, mask, _ = preference_collate(val, pad_id=0)
     r = back(ids, mask)
     assert (r[:16] > r[16:]).float().mean().item() == best["accuracy"]
+
+
+def test_a_nan_loss_stops_training_with_one_line_naming_the_step(tmp_path):
+    """min_lr = nan: step 1's update (at lr nan) makes the weights nan, step 2's loss is nan: train.require_finite
+    stops the run there, before any validation has saved a model."""
+    from llm_from_scratch.reward_model import RewardConfig, train_reward_model
+
+    pairs = [([7, 8, 5], [7, 8, 6]), ([9, 5], [9, 6])] * 4
+    cfg = RewardConfig(max_steps=5, batch_size=4, lr=1e-2, min_lr=float("nan"), warmup_steps=1, eval_interval=100)
+    with pytest.raises(FloatingPointError) as err:
+        train_reward_model(rm(), pairs, pairs, cfg, pad_id=0, out_dir=tmp_path, quiet=True)
+    assert str(err.value) == ("the reward model's loss is nan at step 2: stopping; no checkpoint yet "
+                              "(lower --lr, or check the data)")

@@ -43,7 +43,8 @@ def test_masked_loss_equals_the_response_tokens_loss_by_hand():
 
 
 def test_batches_are_repeatable_and_drop_long_examples(tok):
-    examples = [{"prompt": "Add 2 and 3.", "response": "5"}, {"prompt": "Once upon a time " * 20, "response": "The end."}]
+    examples = [{"prompt": "Add 2 and 3.", "response": "5"},
+                {"prompt": "Once upon a time " * 20, "response": "The end."}]
     b = SFTBatches(tok, examples, context_length=16, batch_size=4, seed=3)
     assert b.dropped == 1 and len(b.examples) == 1
     assert all(torch.equal(u, v) for u, v in zip(b.batch(5), b.batch(5)))
@@ -52,7 +53,8 @@ def test_batches_are_repeatable_and_drop_long_examples(tok):
 
 
 def test_length_grouped_batches_repeat_cover_blocks_and_cut_padding(tok):
-    examples = [{"prompt": "Add 2 and 3." + " 7" * (i % 9), "response": "2 plus 3: 2 plus 0 is 2. 2 plus 3 is 5."} for i in range(40)] + \
+    examples = [{"prompt": "Add 2 and 3." + " 7" * (i % 9), "response": "2 plus 3: 2 plus 0 is 2. 2 plus 3 is 5."}
+                for i in range(40)] + \
                [{"prompt": "Once upon a time " * 6, "response": "The end."}] * 40
     grouped = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1, group=8)
     again = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1, group=8)  # a resumed run's sampler
@@ -61,7 +63,8 @@ def test_length_grouped_batches_repeat_cover_blocks_and_cut_padding(tok):
         assert all(torch.equal(u, v) for u, v in zip(grouped.batch(step), again.batch(step)))
     assert grouped.indices(8) != grouped.indices(0)
     # the 8 batches of a block are cut from one length-sorted draw: their length ranges do not overlap
-    ranges = sorted((min(n), max(n)) for n in ([len(grouped.examples[i][0]) for i in grouped.indices(s)] for s in range(8)))
+    ranges = sorted((min(n), max(n))
+                    for n in ([len(grouped.examples[i][0]) for i in grouped.indices(s)] for s in range(8)))
     assert all(hi <= next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:]))
 
     def padding(b, steps=range(16)):
@@ -82,7 +85,8 @@ def test_length_grouped_batches_repeat_cover_blocks_and_cut_padding(tok):
     ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3. 3 plus", True, False),
     ("count", "4", True, True), ("count", "four", True, False),
     ("sort", "cat, dog", True, True), ("sort", "cat dog", True, False), ("qa", "the park", True, True),
-    ("qa", "", True, False), ("story", "Mia had a kite. The end.", True, True), ("story", "Mia had a kite.", True, False),
+    ("qa", "", True, False), ("story", "Mia had a kite. The end.", True, True),
+    ("story", "Mia had a kite.", True, False),
 ])
 def test_well_formed(task, response, ended, ok):
     assert well_formed(task, response, ended) is ok
@@ -135,7 +139,8 @@ def test_the_batches_of_a_block_are_served_in_a_shuffled_order(tok):
 
 def test_train_on_prompt_reaches_the_batches(tok):
     """SFTBatches(train_on_prompt=True) collates with train_on_prompt=True: the prompt's tokens get targets too."""
-    examples = [{"prompt": "Add 2 and 3.", "response": "5"}, {"prompt": "Sort these words: cat, dog.", "response": "cat, dog"}]
+    examples = [{"prompt": "Add 2 and 3.", "response": "5"},
+                {"prompt": "Sort these words: cat, dog.", "response": "cat, dog"}]
     on = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1, train_on_prompt=True)
     off = SFTBatches(tok, examples, context_length=64, batch_size=4, seed=1)
     for step in (0, 3):

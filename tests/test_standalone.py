@@ -1,16 +1,16 @@
 """Every module can be copied out, with only the package files it imports, and works there.
 
 Also enforces the course's ordering rule (README, "Copying one module into an assignment"): a module
-imports only modules of its own or an earlier chapter, so the book's order is visible in the code and an instructor can hand out one chapter's
-module together with its few predecessors.
+imports only modules of its own or an earlier chapter, so the book's order is visible in the code and an instructor
+can hand out one chapter's module together with its few predecessors.
 """
 
 import shutil
 from pathlib import Path
 
 import pytest
-
 from isolated import run_isolated
+
 from llm_from_scratch.classroom import CHAPTER, closure, package_imports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,8 @@ def test_module_works_copied_alone(module, tmp_path):
     if runs_tests:
         (tmp_path / "tests").mkdir()
         shutil.copy(test_file, tmp_path / "tests")
-    args = ("-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), f"tests/{test_file.name}") if runs_tests else None
+    args = (("-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), f"tests/{test_file.name}") if runs_tests
+            else None)
     [run] = run_isolated([tmp_path], ROOT, imports=(f"llm_from_scratch.{module}",), pytest_args=args, workers=1)
     assert run.files[f"llm_from_scratch.{module}"].startswith(str(tmp_path))
     assert run.code == 0, run.output[-5000:]

@@ -7,16 +7,16 @@ from hypothesis import strategies as st
 
 from llm_from_scratch import tokenizer as tk
 from llm_from_scratch.tokenizer import (
-    chat_prompt,
-    encode_chat,
-    pad_right,
     COURSE_SPLIT_PATTERN,
     GPT2_SPLIT_PATTERN,
     Tokenizer,
     bpe_decode,
     bpe_encode,
+    chat_prompt,
+    encode_chat,
     learn_merges,
     learn_merges_naive,
+    pad_right,
     ranks_from_merges,
     train_bpe,
 )
@@ -94,7 +94,8 @@ weird = st.sampled_from(["", " ", "   x", "\n\n\n", "\t \t", "12345678", "  123 
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(texts, weird, st.lists(st.sampled_from(MIXED.split(" ") + [" ", "  ", "\n"]), max_size=30).map("".join)))
+@given(st.one_of(texts, weird,
+                 st.lists(st.sampled_from(MIXED.split(" ") + [" ", "  ", "\n"]), max_size=30).map("".join)))
 def test_reference_encoder_matches_tiktoken(ranks, course_ranks, text):
     for r, pattern in ((ranks, GPT2_SPLIT_PATTERN), (course_ranks, COURSE_SPLIT_PATTERN)):
         enc = tiktoken.Encoding("t", pat_str=pattern, mergeable_ranks=r, special_tokens={})
@@ -169,7 +170,8 @@ def test_gpt2_offline_error_explains_the_cache(monkeypatch):
 
 def test_gpt2_wrapper_adds_pad_after_the_vocabulary(monkeypatch, ranks):
     # stand-in for tiktoken's gpt2 encoding (which cannot be fetched offline): same shape, our ranks
-    fake = tiktoken.Encoding("gpt2", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)})
+    fake = tiktoken.Encoding("gpt2", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": len(ranks)})
     monkeypatch.setattr(tk.tiktoken, "get_encoding", lambda name: fake)
     tok = Tokenizer.gpt2()
     assert tok.eos_id == len(ranks) and tok.pad_id == len(ranks) + 1 and tok.vocab_size == len(ranks) + 4
@@ -183,7 +185,8 @@ def chat_tok():
 
 def test_chat_template(chat_tok):
     ids, n_prompt = encode_chat(chat_tok, "Add 2 and 3.", "5")
-    assert ids[0] == chat_tok.special_tokens["<|user|>"] and ids[n_prompt - 1] == chat_tok.special_tokens["<|assistant|>"]
+    assert (ids[0] == chat_tok.special_tokens["<|user|>"]
+            and ids[n_prompt - 1] == chat_tok.special_tokens["<|assistant|>"])
     assert chat_tok.decode(ids[n_prompt:]) == "5<|endoftext|>" and ids[-1] == chat_tok.eos_id
     assert chat_tok.pad_id != chat_tok.eos_id
     assert chat_tok.decode(encode_chat(chat_tok, "Add 2 and 3.")[0]) == chat_prompt("Add 2 and 3.")
@@ -199,4 +202,5 @@ def test_template_cannot_be_forged_from_the_prompt(chat_tok):
 
 def test_pad_right_by_hand():
     ids, mask, last = pad_right([[5, 6, 7], [8]], pad_id=0)
-    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]] and last.tolist() == [2, 0]
+    assert (ids.tolist() == [[5, 6, 7], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+            and last.tolist() == [2, 0])

@@ -8,8 +8,20 @@ from llm_from_scratch.checkpoint import load_train_state, read_jsonl
 from llm_from_scratch.data import WindowSampler
 from llm_from_scratch.device import choose_dtype
 from llm_from_scratch.model import GPT, GPTConfig
-from llm_from_scratch.train import (TrainConfig, accumulate_gradients, configure_optimizer, evaluate, fastest_dtype, lm_loss, load_gpt, lr_at,
-                                   optimizer_step, save_gpt, train)
+from llm_from_scratch.train import (
+    TrainConfig,
+    accumulate_gradients,
+    configure_optimizer,
+    evaluate,
+    fastest_dtype,
+    lm_loss,
+    load_gpt,
+    lr_at,
+    optimizer_step,
+    require_finite,
+    save_gpt,
+    train,
+)
 
 
 def small_model(dropout=0.0, seed=0):
@@ -127,7 +139,8 @@ def run(tmp_path, interrupt_at=None, dropout=0.1, interrupt_in_eval_at=None):
             raise KeyboardInterrupt
         return {}
 
-    cfg = TrainConfig(max_steps=8, grad_accum=2, lr=3e-3, warmup_steps=2, log_interval=1, eval_interval=4, checkpoint_interval=100)
+    cfg = TrainConfig(max_steps=8, grad_accum=2, lr=3e-3, warmup_steps=2, log_interval=1, eval_interval=4,
+                      checkpoint_interval=100)
     model, saved_step = small_model(dropout), None
     try:
         summary = train(model, cfg, get_batch, lambda: [sampler.batch(10_000)], tmp_path, on_eval=on_eval, quiet=True)
@@ -143,7 +156,8 @@ def run(tmp_path, interrupt_at=None, dropout=0.1, interrupt_in_eval_at=None):
 
 def test_interrupt_and_resume_continue_exactly(tmp_path):
     straight, m1, summary1, tokens1, _ = run(tmp_path / "a")
-    resumed, m2, summary2, tokens2, saved = run(tmp_path / "b", interrupt_at=11)  # micro-batch 11 = step 5, second micro-batch (with dropout)
+    # micro-batch 11 = step 5, second micro-batch (with dropout)
+    resumed, m2, summary2, tokens2, saved = run(tmp_path / "b", interrupt_at=11)
     assert saved == 5  # step 5 (0-based) had not been updated: it is replayed
     assert load_train_state(tmp_path / "b" / "last" / "train_state.pt")["step"] == 8
     for step in range(1, 9):
@@ -157,7 +171,8 @@ def test_interrupt_and_resume_continue_exactly(tmp_path):
 
 def test_interrupt_after_an_update_resumes_at_the_next_step(tmp_path):
     """Ctrl-C in on_eval after 4 steps (0-3, their updates done): the saved state says step 4 (0-based) is the next
-    to run, and the resumed run neither repeats nor skips a step: the same losses and weights as an uninterrupted run."""
+    to run, and the resumed run neither repeats nor skips a step: the same losses and weights as an uninterrupted
+    run."""
     straight, m1, _, tokens1, _ = run(tmp_path / "a")
     resumed, m2, _, tokens2, saved = run(tmp_path / "b", interrupt_in_eval_at=4)
     assert saved == 4
@@ -182,11 +197,95 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
         return sampler.batch(i)
 
     cfg.max_steps = 6
-    with pytest.raises(FloatingPointError, match="loss is nan at step 4"):
+    with pytest.raises(FloatingPointError, match="loss is nan at step 4") as err:
         train(model, cfg, poisoned, lambda: [sampler.batch(99)], tmp_path, quiet=True)
+    assert str(err.value) == (f"the training loss is nan at step 4: stopping; the last good checkpoint is "
+                              f"{tmp_path / 'last'} (lower --lr, or check the data)")
     kept = load_gpt(tmp_path / "last")  # written after step 4 (index 3), the last good one
     assert load_train_state(tmp_path / "last" / "train_state.pt")["step"] == 4
     assert all(torch.isfinite(p).all() for p in kept.parameters())
+
+
+def test_require_finite_names_what_the_step_and_the_checkpoint(tmp_path):
+    assert require_finite(2.5, "the loss", 3, None) == 2.5 and require_finite(torch.tensor(1.0), "x", 0, None) == 1.0
+    with pytest.raises(FloatingPointError) as err:
+        require_finite(float("nan"), "the policy loss", 7, None)
+    assert str(err.value) == ("the policy loss is nan at step 7: stopping; no checkpoint yet "
+                              "(lower --lr, or check the data)")
+    with pytest.raises(FloatingPointError) as err:
+        require_finite(float("-inf"), "the DPO loss", 12, tmp_path / "last", hint="lower --beta")
+    assert str(err.value) == (f"the DPO loss is -inf at step 12: stopping; the last good checkpoint is "
+                              f"{tmp_path / 'last'} (lower --beta)")
+
+
+def test_a_nan_learning_rate_stops_before_its_nan_weights_are_saved(tmp_path):
+    """min_lr = nan: step 0 runs at the peak lr, step 1 at nan. Step 1's loss is finite (its weights are step 0's),
+    its update makes every weight nan; the checkpoint due after it is refused (the weights' norm is nan), so the one
+    of step 1 is kept and named, not overwritten by nan weights that would then pass for a good checkpoint."""
+    sampler = WindowSampler(TOKENS, 16, 4)
+    cfg = TrainConfig(max_steps=4, min_lr=float("nan"), warmup_steps=1, eval_interval=100, checkpoint_interval=1)
+    with pytest.raises(FloatingPointError) as err:
+        train(small_model(), cfg, sampler.batch, lambda: [sampler.batch(99)], tmp_path, quiet=True)
+    assert str(err.value) == (f"the weights' norm is nan at step 1: stopping; the last good checkpoint is "
+                              f"{tmp_path / 'last'} (lower --lr, or check the data)")
+    assert load_train_state(tmp_path / "last" / "train_state.pt")["step"] == 1
+    assert all(torch.isfinite(p).all() for p in load_gpt(tmp_path / "last").parameters())
+
+
+class Killed(BaseException):
+    """What SIGKILL does to train(): it stops where it is and no handler runs (Ctrl-C's KeyboardInterrupt saves)."""
+
+
+def test_a_killed_run_records_every_step_once_and_ends_bit_identical(tmp_path, monkeypatch):
+    """One run killed three times, each time resumed by a fresh model as a new process would: before its first
+    checkpoint (so it starts over), right after the checkpoint of step 4 is written, and between the two files of the
+    checkpoint of step 8 (weights written, train_state.pt not yet: steps 5-8 were recorded past the checkpoint of 4).
+    metrics.jsonl ends with every record once, the same as an uninterrupted run's, and the weights are bit-identical."""
+    import llm_from_scratch.train as train_module
+
+    sampler = WindowSampler(TOKENS, 16, 4, seed=1)
+    cfg = TrainConfig(max_steps=8, lr=3e-3, warmup_steps=2, log_interval=1, eval_interval=2, checkpoint_interval=4)
+    save_state = train_module.save_train_state
+
+    def run(out, kill_at_batch=None, kill_at_checkpoint=None, before_write=False):
+        def get_batch(i):
+            if i == kill_at_batch:
+                raise Killed
+            return sampler.batch(i)
+
+        def save_train_state(path, state):
+            if state["step"] == kill_at_checkpoint and before_write:
+                raise Killed
+            save_state(path, state)
+            if state["step"] == kill_at_checkpoint:
+                raise Killed
+
+        monkeypatch.setattr(train_module, "save_train_state", save_train_state)
+        model = small_model(dropout=0.1, seed=123)  # a fresh process: another init, overwritten by a resume
+        try:
+            train(model, cfg, get_batch, lambda: [sampler.batch(10_000)], out, quiet=True)
+        except Killed:
+            return None
+        return model
+
+    def records(out):
+        return [(r["step"], "loss/train" in r, r.get("loss/train", r.get("loss/val")))
+                for r in read_jsonl(out / "metrics.jsonl")]
+
+    straight = run(tmp_path / "a")
+    out = tmp_path / "b"
+    assert run(out, kill_at_batch=2) is None and not (out / "last").exists()  # steps 1, 2 recorded, no checkpoint
+    assert [s for s, _, _ in records(out)] == [1, 2, 2]
+    assert run(out, kill_at_checkpoint=4) is None  # killed just after the checkpoint of step 4
+    assert run(out, kill_at_checkpoint=8, before_write=True) is None  # between last/model.safetensors and its state
+    assert load_train_state(out / "last" / "train_state.pt")["step"] == 4 and max(s for s, _, _ in records(out)) == 8
+    resumed = run(out)
+    assert records(out) == records(tmp_path / "a")  # each step once, with the same losses
+    for (n, p1), (_, p2) in zip(straight.named_parameters(), resumed.named_parameters()):
+        assert torch.equal(p1, p2), n
+    for folder in ("", "last"):
+        assert all(torch.equal(p1, p2) for p1, p2 in zip(load_gpt(tmp_path / "a" / folder).parameters(),
+                                                         load_gpt(out / folder).parameters())), folder
 
 
 def test_metrics_and_best_checkpoint_are_written(tmp_path):
@@ -198,7 +297,8 @@ def test_metrics_and_best_checkpoint_are_written(tmp_path):
     assert len(vals) == 2 and summary["best_val"] == min(vals)
     assert all(math.isfinite(r["train/tokens_per_s"]) for r in records if "loss/train" in r)
     config = json.loads((tmp_path / "config.json").read_text())
-    assert (tmp_path / "model.safetensors").is_file() and config["kind"] == "gpt" and config["config"]["vocab_size"] == 30
+    assert ((tmp_path / "model.safetensors").is_file() and config["kind"] == "gpt"
+            and config["config"]["vocab_size"] == 30)
 
 
 def test_optimizer_step_clips_to_the_norm_and_returns_the_norm_before():
@@ -214,7 +314,8 @@ def test_optimizer_step_clips_to_the_norm_and_returns_the_norm_before():
 def test_bf16_training_follows_fp32(tmp_path):
     """Precision must not change what is learned: a small model trained a few dozen steps by train() in float32 and
     under bfloat16 autocast (which every CPU runs, in software where it has no bf16 units) ends at the same loss."""
-    text = torch.randint(0, 30, (50,), generator=torch.Generator().manual_seed(1)).repeat(40)  # a 50-token phrase, again and again
+    # a 50-token phrase, again and again
+    text = torch.randint(0, 30, (50,), generator=torch.Generator().manual_seed(1)).repeat(40)
     sampler = WindowSampler(text, 16, 8)
     losses = {}
     for dtype in ("float32", "bfloat16"):
@@ -239,7 +340,8 @@ def test_fastest_dtype_leaves_the_model_as_it_was():
     assert all(p.grad is None for p in model.parameters()) and torch.equal(torch.get_rng_state(), rng)
     # the rule: bfloat16 only when it is clearly faster
     assert choose_dtype("auto", "cpu", measure=lambda: "bfloat16") == "bfloat16"
-    assert choose_dtype("auto", "cpu") == "float32" and choose_dtype("float32", "cpu", measure=lambda: "bfloat16") == "float32"
+    assert (choose_dtype("auto", "cpu") == "float32"
+            and choose_dtype("float32", "cpu", measure=lambda: "bfloat16") == "float32")
     with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
         choose_dtype("fp8", "cpu")
 

@@ -25,7 +25,8 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
          "neg_count, pair = min(candidates, key=lambda c: (c[0], [-t for t in c[1]]))"),
         ("counts a pair once per chunk, however often it occurs there",
          "counts.update(zip(ids, ids[1:]))", "counts.update(set(zip(ids, ids[1:])))"),
-        ("records the count with the wrong sign", "merges.append((pair, -neg_count))", "merges.append((pair, neg_count))"),
+        ("records the count with the wrong sign", "merges.append((pair, -neg_count))",
+         "merges.append((pair, neg_count))"),
     ],
     "data.TokenWindowDataset.__getitem__": [
         ("targets not shifted by one", "return window[:-1], window[1:]", "return window[:-1], window[:-1]"),
@@ -34,7 +35,8 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
     ],
     "data.sft_collate": [
         ("the prompt left in the loss", "y[i, : n_prompt - 1] = -100", "pass"),
-        ("prompt mask off by one (hides the answer's first token)", "y[i, : n_prompt - 1] = -100", "y[i, :n_prompt] = -100"),
+        ("prompt mask off by one (hides the answer's first token)", "y[i, : n_prompt - 1] = -100",
+         "y[i, :n_prompt] = -100"),
         ("targets not shifted", "y[i, :n] = ids[1:]", "y[i, :n] = ids[:-1]"),
         ("padding scored (targets padded with pad_id, not -100)",
          "y = torch.full((len(examples), T), -100, dtype=torch.long)",
@@ -70,7 +72,8 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
          "self.k[layer, :, :, :k_new.size(2)] = k_new"),
         ("returns only the new keys and values", "return self.k[layer, :, :, :end], self.v[layer, :, :, :end]",
          "return k_new, v_new"),
-        ("returns the whole buffer, empty slots included", "return self.k[layer, :, :, :end], self.v[layer, :, :, :end]",
+        ("returns the whole buffer, empty slots included",
+         "return self.k[layer, :, :, :end], self.v[layer, :, :, :end]",
          "return self.k[layer], self.v[layer]"),
     ],
     # ---------------------------------------------------------------- chapter 3
@@ -97,11 +100,13 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
          "torch.logsumexp(logits, dim=-1)", "torch.logsumexp(logits, dim=-2)"),
         ("returns the logit, not the log-probability",
          " - torch.logsumexp(logits, dim=-1)", ""),
-        ("unstable: log of softmax", "return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)",
+        ("unstable: log of softmax",
+         "return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)",
          "return torch.log(torch.softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1))"),
     ],
     "generation.sequence_logprobs": [
-        ("log-probs not shifted: the target is the token itself", "token_logprobs(logits.float() / temperature, ids[:, 1:])",
+        ("log-probs not shifted: the target is the token itself",
+         "token_logprobs(logits.float() / temperature, ids[:, 1:])",
          "token_logprobs(logits.float() / temperature, ids[:, :-1])"),
         ("temperature ignored", "token_logprobs(logits.float() / temperature,", "token_logprobs(logits.float(),"),
         ("padding not zeroed", "logp = logp * (attention_mask[:, 1:] * attention_mask[:, :-1]).to(logp.dtype)", "pass"),
@@ -136,14 +141,16 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
         ("returns the last micro-batch's loss", "return loss_sum / K, tokens", "return loss.item(), tokens"),
         ("counts every position as a target", "tokens += int((y != -100).sum())", "tokens += y.numel()"),
     ],
-    # ---------------------------------------------------------------- chapter 5 (the evaluation every later chapter uses)
+    # ---------------------------------------------------------------- chapter 5
+    # (the evaluation every later chapter uses)
     "evaluation.paired_gain": [
         ("standard error over the samples, not over the prompts (a prompt's samples are not independent)",
          "per_prompt = (a - b).view(-1, n_per_prompt).mean(dim=1)", "per_prompt = (a - b)"),
         ("samples grouped into prompts the wrong way round (sample j of every prompt together)",
          ".view(-1, n_per_prompt).mean(dim=1)", ".view(n_per_prompt, -1).mean(dim=0)"),
         ("population standard deviation (ddof 0)", "per_prompt.std() /", "per_prompt.std(unbiased=False) /"),
-        ("divided by the number of prompts, not its square root", "/ math.sqrt(per_prompt.numel())", "/ per_prompt.numel()"),
+        ("divided by the number of prompts, not its square root", "/ math.sqrt(per_prompt.numel())",
+         "/ per_prompt.numel()"),
     ],
     "evaluation.mcnemar_exact": [
         ("one-sided p-value (the factor 2 forgotten)", "min(1.0, 2 * tail / 2 ** m)", "min(1.0, tail / 2 ** m)"),
@@ -153,7 +160,8 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
     ],
     # ---------------------------------------------------------------- chapter 6
     "reward_model.RewardModel.forward": [
-        ("the reward read at the last column, whatever the padding", "h_last = h[torch.arange(ids.size(0), device=ids.device), last]",
+        ("the reward read at the last column, whatever the padding",
+         "h_last = h[torch.arange(ids.size(0), device=ids.device), last]",
          "h_last = h[:, -1]"),
         ("the reward read at the first real token",
          "(attention_mask.bool() * torch.arange(1, T + 1, device=ids.device)).argmax(-1)",
@@ -161,10 +169,12 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
         ("the last real token found as the count of real tokens (right padding only)",
          "(attention_mask.bool() * torch.arange(1, T + 1, device=ids.device)).argmax(-1)",
          "attention_mask.sum(-1) - 1"),
-        ("attention mask not passed to the trunk", "h = self.gpt.trunk(ids, attention_mask)", "h = self.gpt.trunk(ids)"),
+        ("attention mask not passed to the trunk", "h = self.gpt.trunk(ids, attention_mask)",
+         "h = self.gpt.trunk(ids)"),
     ],
     "reward_model.bradley_terry_loss": [
-        ("sign flipped", "-F.logsigmoid(chosen_rewards - rejected_rewards)", "-F.logsigmoid(rejected_rewards - chosen_rewards)"),
+        ("sign flipped", "-F.logsigmoid(chosen_rewards - rejected_rewards)",
+         "-F.logsigmoid(rejected_rewards - chosen_rewards)"),
         ("sigmoid without the log", "-F.logsigmoid(chosen_rewards - rejected_rewards).mean()",
          "-torch.sigmoid(chosen_rewards - rejected_rewards).mean()"),
         ("summed instead of averaged", ".mean()", ".sum()"),
@@ -209,14 +219,16 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
          "-torch.maximum(unclipped, clipped)"),
         ("the ratio inverted", "torch.exp(logp - old_logp.detach())", "torch.exp(old_logp.detach() - logp)"),
         ("only the clipped term", "-torch.minimum(unclipped, clipped)", "-clipped"),
-        ("the loss's sign flipped", "aggregate(-torch.minimum(unclipped, clipped),", "aggregate(torch.minimum(unclipped, clipped),"),
+        ("the loss's sign flipped", "aggregate(-torch.minimum(unclipped, clipped),",
+         "aggregate(torch.minimum(unclipped, clipped),"),
     ],
     # ---------------------------------------------------------------- chapter 8
     "ppo.per_token_rewards": [
         ("the score on the first token", "rewards[rows, last_token_index(mask)] += scores.to(rewards)",
          "rewards[rows, mask.long().argmax(1)] += scores.to(rewards)"),
         ("the score on the last column, padding or not", "rewards[rows, last_token_index(mask)]", "rewards[rows, -1]"),
-        ("the KL penalty's sign flipped", "rewards = -kl_coef * (logp - ref_logp)", "rewards = kl_coef * (logp - ref_logp)"),
+        ("the KL penalty's sign flipped", "rewards = -kl_coef * (logp - ref_logp)",
+         "rewards = kl_coef * (logp - ref_logp)"),
         ("the KL penalty charged on padding too", " * mask.to(logp.dtype)  # (B, T)", "  # (B, T)"),
     ],
     "ppo.compute_gae": [
@@ -233,7 +245,8 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
         ("reference log-probs added, not subtracted", "chosen_ratio = policy_chosen_logps - ref_chosen_logps.detach()",
          "chosen_ratio = policy_chosen_logps + ref_chosen_logps.detach()"),
         ("IPO's target margin 1/beta instead of 1/(2 beta)", "(h - 1 / (2 * beta)) ** 2", "(h - 1 / beta) ** 2"),
-        ("label smoothing weights swapped", "-(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)",
+        ("label smoothing weights swapped",
+         "-(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)",
          "-label_smoothing * F.logsigmoid(beta * h) - (1 - label_smoothing) * F.logsigmoid(-beta * h)"),
     ],
     # ---------------------------------------------------------------- chapter 10
@@ -242,13 +255,15 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
          "ranked.flip(1) @ best_of_n_weights(m, n)"),
         ("ties go to the last drawn", "order = (m - 1) - torch.argsort(proxy.double().flip(1), dim=1, stable=True)",
          "order = torch.argsort(proxy.double(), dim=1, stable=True)"),
-        ("ranks by the values, not by the proxy", "torch.argsort(proxy.double().flip(1)", "torch.argsort(values.double().flip(1)"),
+        ("ranks by the values, not by the proxy", "torch.argsort(proxy.double().flip(1)",
+         "torch.argsort(values.double().flip(1)"),
     ],
     "arena.keep_top": [
         ("keeps the lowest scores", "torch.argsort(-scores.double(), dim=1, stable=True)",
          "torch.argsort(scores.double(), dim=1, stable=True)"),
         ("rounds down", "keep = max(1, round(fraction * k))", "keep = max(1, int(fraction * k))"),
-        ("keeps none when the fraction rounds to 0", "keep = max(1, round(fraction * k))", "keep = round(fraction * k)"),
+        ("keeps none when the fraction rounds to 0", "keep = max(1, round(fraction * k))",
+         "keep = round(fraction * k)"),
     ],
 }
 BUGS["data.WindowSampler.batch"] = [
@@ -261,14 +276,16 @@ BUGS["data.WindowSampler.batch"] = [
 ]
 BUGS.update({
     "generation.left_pad": [
-        ("pads on the right", "        ids[i, P - len(p):] = torch.as_tensor(p, dtype=torch.long)\n        mask[i, P - len(p):] = 1",
+        ("pads on the right",
+         "        ids[i, P - len(p):] = torch.as_tensor(p, dtype=torch.long)\n        mask[i, P - len(p):] = 1",
          "        ids[i, :len(p)] = torch.as_tensor(p, dtype=torch.long)\n        mask[i, :len(p)] = 1"),
         ("the mask marks the padding", "mask[i, P - len(p):] = 1", "mask[i, :P - len(p)] = 1"),
         ("every position marked real", "mask = torch.zeros((len(prompts), P), dtype=torch.long)",
          "mask = torch.ones((len(prompts), P), dtype=torch.long)"),
     ],
     "generation.sample_next": [
-        ("temperature multiplies the logits", "filter_logits(logits.float() / temperature,", "filter_logits(logits.float() * temperature,"),
+        ("temperature multiplies the logits", "filter_logits(logits.float() / temperature,",
+         "filter_logits(logits.float() * temperature,"),
         ("top-k / top-p never applied", "logits = filter_logits(logits.float() / temperature, top_k, top_p)",
          "logits = logits.float() / temperature"),
         ("running sum over the batch, not the vocabulary", ".cumsum(dim=-1)  # (B, V)", ".cumsum(dim=0)  # (B, V)"),
@@ -284,7 +301,8 @@ BUGS.update({
          "return masked_sum(per_token, mask, dim=1).mean()"),
     ],
     "ppo.clipped_value_loss": [
-        ("min instead of max", "torch.maximum(unclipped_error, clipped_error)", "torch.minimum(unclipped_error, clipped_error)"),
+        ("min instead of max", "torch.maximum(unclipped_error, clipped_error)",
+         "torch.minimum(unclipped_error, clipped_error)"),
         ("clipped around the returns, not the old values", "clipped = old_values + torch.clamp(values - old_values,",
          "clipped = returns + torch.clamp(values - returns,"),
         ("the ½ forgotten", "loss = 0.5 * masked_mean(", "loss = masked_mean("),
@@ -292,13 +310,17 @@ BUGS.update({
          "loss = 0.5 * torch.maximum(unclipped_error, clipped_error).mean()"),
     ],
     "ppo.AdaptiveKLController.update": [
-        ("the error not clipped", "error = min(max(current_kl / self.target - 1, -0.2), 0.2)", "error = current_kl / self.target - 1"),
+        ("the error not clipped", "error = min(max(current_kl / self.target - 1, -0.2), 0.2)",
+         "error = current_kl / self.target - 1"),
         ("the update's sign flipped", "self.value *= 1 + error", "self.value *= 1 - error"),
-        ("the step size ignores n_steps / horizon", "self.value *= 1 + error * n_steps / self.horizon", "self.value *= 1 + error"),
+        ("the step size ignores n_steps / horizon", "self.value *= 1 + error * n_steps / self.horizon",
+         "self.value *= 1 + error"),
     ],
     "dpo.concatenated_logps": [
-        ("the prompt's log-probs summed too", "(logp * completion_mask.to(logp.dtype))", "(logp * attention_mask[:, 1:].to(logp.dtype))"),
+        ("the prompt's log-probs summed too", "(logp * completion_mask.to(logp.dtype))",
+         "(logp * attention_mask[:, 1:].to(logp.dtype))"),
         ("chosen and rejected swapped", "return sums[:n], sums[n:]", "return sums[n:], sums[:n]"),
-        ("a mean over the columns, not a sum", "completion_mask.to(logp.dtype)).sum(dim=1)", "completion_mask.to(logp.dtype)).mean(dim=1)"),
+        ("a mean over the columns, not a sum", "completion_mask.to(logp.dtype)).sum(dim=1)",
+         "completion_mask.to(logp.dtype)).mean(dim=1)"),
     ],
 })

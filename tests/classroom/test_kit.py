@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from bugs import BUGS
 from isolated import run_isolated
+
 from llm_from_scratch import classroom as kit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,8 @@ OFFERED = kit.offered()
 # the headline functions of each chapter: the kit must offer at least these
 HEADLINE = {
     "tokenizer.learn_merges_naive", "tokenizer.merge_pair",  # the BPE training step
-    "attention.CausalSelfAttention.forward", "attention.explicit_attention", "attention.KVCache.update",  # KV-cache decoding
+    # KV-cache decoding
+    "attention.CausalSelfAttention.forward", "attention.explicit_attention", "attention.KVCache.update",
     "model.Block.forward", "generation.filter_logits",  # nucleus sampling
     "generation.sequence_logprobs", "train.accumulate_gradients", "data.sft_collate", "train.lm_loss",
     "reward_model.bradley_terry_loss", "reward_model.RewardModel.forward",
@@ -58,7 +59,8 @@ def plant(folder: Path, target: str, old: str, new: str) -> None:
     source = path.read_text()
     node = kit.find_function(ast.parse(source), qualname)
     lines = source.split("\n")
-    before, body, after = lines[:node.lineno - 1], "\n".join(lines[node.lineno - 1:node.end_lineno]), lines[node.end_lineno:]
+    before, body, after = (lines[:node.lineno - 1], "\n".join(lines[node.lineno - 1:node.end_lineno]),
+                           lines[node.end_lineno:])
     assert body.count(old) == 1, f"{target}: the bug's text occurs {body.count(old)} times in the reference:\n{old}"
     path.write_text("\n".join(before + [body.replace(old, new)] + after))
 
@@ -117,7 +119,8 @@ def test_the_grader_holds_only_the_tests_of_the_chosen_functions(tmp_path):
     kit.make_assignment(["policy_gradient.grpo_advantages"], tmp_path / "hw")
     tests = sorted((tmp_path / "hw" / "tests").glob("test_*.py"))
     assert [p.name for p in tests] == ["test_policy_gradient.py"]
-    names = {n.name for n in ast.parse(tests[0].read_text()).body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")}
+    names = {n.name for n in ast.parse(tests[0].read_text()).body
+             if isinstance(n, ast.FunctionDef) and n.name.startswith("test")}
     assert names == {"test_grpo_advantages_by_hand"}
     assert (tmp_path / "hw" / "llm_from_scratch" / "ppo.py").exists() is False  # only what it imports
 
@@ -141,16 +144,19 @@ def test_bad_input_is_one_error_line_and_exit_code_2(args, message, tmp_path):
 
 def test_usage_mistakes_are_one_line_too():
     run = run_kit("make", "dpo.dpo_loss")  # no --out
-    assert run.returncode == 2 and run.stderr.count("\n") == 1 and run.stderr.startswith("error: ") and "--out" in run.stderr
+    assert (run.returncode == 2 and run.stderr.count("\n") == 1 and run.stderr.startswith("error: ")
+            and "--out" in run.stderr)
     run = run_kit("make", "notebooks/02_attention.ipynb", "notebooks/03_gpt.ipynb", "--out", "/nowhere")
     assert run.returncode == 2 and "one notebook at a time" in run.stderr
 
 
 def test_force_never_removes_the_repository_or_the_working_folder(tmp_path):
     (tmp_path / "precious.txt").write_text("keep me")
-    for out, cwd in ((".", tmp_path), (str(tmp_path.parent), tmp_path), (str(ROOT), tmp_path), (str(ROOT / "tests"), tmp_path)):
+    for out, cwd in ((".", tmp_path), (str(tmp_path.parent), tmp_path), (str(ROOT), tmp_path),
+                     (str(ROOT / "tests"), tmp_path)):
         run = run_kit("make", "dpo.dpo_loss", "--out", out, "--force", cwd=cwd)
-        assert run.returncode == 2 and run.stderr.startswith("error: ") and "name a new folder" in run.stderr, (out, run.stderr)
+        assert (run.returncode == 2 and run.stderr.startswith("error: ")
+                and "name a new folder" in run.stderr), (out, run.stderr)
     assert (tmp_path / "precious.txt").read_text() == "keep me" and (ROOT / "tests" / "classroom" / "bugs.py").exists()
 
 
@@ -185,7 +191,8 @@ def test_a_file_that_is_no_notebook_is_refused(tmp_path, text):
 def test_a_notebook_without_marked_cells_is_refused(tmp_path):
     nb = tmp_path / "plain.ipynb"
     nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": ["x = 1\n"], "metadata": {}, "outputs": [],
-                                         "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+                                         "execution_count": None}],
+                              "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     run = run_kit("make", str(nb), "--out", str(tmp_path / "hw"))
     assert run.returncode == 2 and run.stderr.startswith("error: ") and "### BEGIN SOLUTION" in run.stderr
     assert run.stderr.count("\n") == 1
@@ -227,7 +234,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_every_exercise_solution_is_marked_and_clears_to_valid_python(path):
     nb = json.loads(path.read_text())
-    solutions = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("# Solution to exercise")]
+    solutions = [c for c in nb["cells"]
+                 if c["cell_type"] == "code" and "".join(c["source"]).startswith("# Solution to exercise")]
     assert len(solutions) >= 3
     student = kit.student_notebook(nb)
     for cell, cleared in zip(nb["cells"], student["cells"]):

@@ -1,0 +1,280 @@
+"""What the chapter scripts of chapters 5-10 share that is course plumbing, not algorithm.
+
+- The RL tasks (`task_data`): a task's training prompts, its held-out examples (chapter 5's validation set) and its
+  gold reward; and the story diagnostics of chapters 7 and 8 (`story_parts`, `top_samples`).
+- One RL step's prompts and record (`batch_prompts`, `step_record`).
+- A run's life on disk. `flags_record(cfg)`: the flags that decide what a run computes (not where it writes or how
+  it prints). `finished_result`: the eval.json of a finished run of the same flags and seed, which is kept, not
+  trained again. `require_finite_metrics` stops a run whose loss is NaN. `resume`: an interrupted run of the same flags continues from its last checkpoint (weights,
+  optimizer, RNG, and metrics.jsonl cut back to that step); `save_state` writes that checkpoint.
+- The runs a command makes (`runs_of`): one, or with `--seeds N` one per seed, seed k of chapters 7-9 from chapter 5's
+  seed k (`sft_seed_sweep`); `spread_table` is the min / median / max over seeds (`gain_rows`: chapters 7 and 8's
+  rows); `write_sweep` records the table, the command and the spread.
+
+Every chapter script imports the library, `cli.py` and this module, never another chapter script.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from llm_from_scratch import dataset_files, gold_rewards
+from llm_from_scratch.checkpoint import (
+    atomic_write_text,
+    load_state,
+    load_train_state,
+    read_jsonl,
+    save_train_state,
+    truncate_metrics,
+)
+from llm_from_scratch.course import (
+    PrerequisiteError,
+    finished_run,
+    prerequisite,
+    require_real,
+    runs_root,
+    shown,
+    write_summary,
+)
+from llm_from_scratch.data import tinyworld_dir
+from llm_from_scratch.device import pick_device
+from llm_from_scratch.train import require_finite
+
+# ----------------------------------------------------------------------------- the RL tasks
+
+TASKS = {"word-problems": ("verifiable", "word_problem"), "stories": ("stories", "story")}  # --task -> (set, task)
+
+
+class TaskData(NamedTuple):
+    train_prompts: list[dict]  # the RL prompt set of the task
+    held_out: list[dict]  # chapter 5's validation examples of the task
+    by_prompt: dict[str, dict]  # the training prompts by their text
+    gold_fn: Callable[[list[str], list[str]], list[float]]  # (prompts, completions) -> gold rewards
+
+
+def task_data(name: str, quick: bool, eval_examples: int) -> TaskData:
+    """A task's RL training prompts, its first `eval_examples` held-out examples, the prompts by their text, and the
+    gold reward of (prompts, completions) as a reward callable."""
+    kind, task = TASKS[name]
+    sizes = dataset_files.QUICK_SIZES if quick else {}
+    paths = dataset_files.ensure_datasets(tinyworld_dir(quick), seed=0, **sizes)
+    train_prompts = [p for p in read_jsonl(paths[f"rl_{kind}"]) if p["task"] == task]
+    held_out = [e for e in read_jsonl(paths["sft_val"]) if e["task"] == task][:eval_examples]
+    by_prompt = {p["prompt"]: p for p in train_prompts}
+
+    def gold_fn(prompts, completions):
+        return [gold_rewards.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
+
+    return TaskData(train_prompts, held_out, by_prompt, gold_fn)
+
+
+def story_parts(specs: list[dict], completions: list[str]) -> dict[str, float]:
+    """The share of stories that miss the asked name, and that miss the asked colored object: the two parts of the
+    gold reward that chapter 6's reward model could not see."""
+    parts = [gold_rewards.story_reward_parts(s, c) for s, c in zip(specs, completions)]
+    return {"gold/wrong_name": sum(p["name"] == 0 for p in parts) / len(parts),
+            "gold/wrong_object": sum(p["object"] < 1 for p in parts) / len(parts)}
+
+
+def top_samples(ro, step: int, by_prompt: dict, task: str, n: int = 2) -> list[dict]:
+    """The n samples of a rollout that the trained reward liked best, with their gold reward (and, for stories,
+    whether they kept the asked name and object): where a policy exploits its reward, these show how."""
+    best = torch.argsort(ro.rewards, descending=True)[:n].tolist()
+    rows = [{"step": step, "prompt": ro.prompts[i], "completion": ro.completions[i], "proxy": ro.rewards[i].item(),
+             "gold": ro.gold[i].item()} for i in best]
+    if task == "stories":
+        for r in rows:
+            parts = gold_rewards.story_reward_parts(by_prompt[r["prompt"]]["spec"], r["completion"])
+            r["name_ok"], r["object_ok"] = parts["name"] == 1, parts["object"] == 1
+    return rows
+
+
+def batch_prompts(prompts: list[dict], step: int, n: int) -> list[str]:
+    """The n prompts of RL step `step`: the training prompts in order, from the start again when they run out."""
+    return [prompts[(step * n + j) % len(prompts)]["prompt"] for j in range(n)]
+
+
+def step_record(step: int, metrics: dict, ro, rollout_s: float, update_s: float) -> dict:
+    """One RL step's metrics.jsonl record: the update's metrics and where the step's time went (the rollout's
+    generate / reference / reward seconds, the whole rollout, the update)."""
+    return {"step": step, **metrics, **{f"time/{k}_s": v for k, v in ro.seconds.items()},
+            "time/rollout_s": rollout_s, "time/update_s": update_s}
+
+
+def markdown_cell(text: str, width: int = 200) -> str:
+    """One markdown table cell: newlines and pipes replaced, cut at `width` characters."""
+    return text.replace("\n", " ").replace("|", "/")[:width]
+
+
+# ----------------------------------------------------------------------------- a run's life on disk
+
+class Run(NamedTuple):
+    """Where one run of a chapter goes: a sweep makes one per seed from the same config."""
+    out: Path  # the run folder
+    seed: int
+    init: Path  # the model it starts from (chapter 5's SFT run, or its seed k)
+    device: torch.device
+
+
+@dataclasses.dataclass(frozen=True)
+class CommonFlags:
+    """The flags of chapters 7-9 that say where a run writes, how it reports, whether it resumes and which seeds a
+    sweep runs (cli.add_common_args, cli.add_prerequisite_arg, --no-resume, --seeds): not what a run computes. A
+    chapter's Config adds its own flags to these."""
+    no_resume: bool = False
+    seeds: int = 0
+    device: str = "auto"
+    seed: int = 0
+    out: Path | None = None
+    quick: bool = False
+    quiet: bool = False
+    debug: bool = False
+    no_build: bool = False
+
+
+# the fields a run's flags record leaves out: CommonFlags', and the model a run starts from (--init; its seed k in a sweep)
+PLUMBING = (*(f.name for f in dataclasses.fields(CommonFlags)), "init")
+
+
+def flags_record(cfg) -> dict:
+    """The config dataclass's fields that decide what a run computes, as JSON values: eval.json keeps them, and a
+    finished or interrupted run is reused only when they are the same."""
+    return json.loads(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k not in PLUMBING}, default=str))
+
+
+def finished_result(out: Path, cfg, seed: int) -> dict | None:
+    """The eval.json of a finished run in `out` with the same flags and seed (kept, not trained again), else None;
+    always None under --no-resume."""
+    if cfg.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
+        return None
+    result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    if result.get("flags") != flags_record(cfg) or result.get("seed") != seed:
+        return None
+    print(f"seed {seed}: keeping the finished run in {shown(out)} (the same flags; --no-resume runs it again)")
+    return result
+
+
+def resume(out: Path, cfg, models: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer,
+           logs: tuple[str, ...] = ("metrics.jsonl",)) -> dict | None:
+    """Continue an interrupted run in `out`: its last checkpoint's train state (with "step"), after loading into each
+    model the weights of `out/last/<file>` (models: file -> module), into the optimizer its state, and the CPU RNG;
+    the `logs` (JSONL files of records with a "step") are cut back to that step. None (and `out` emptied) under
+    --no-resume, when there is no checkpoint, or when the checkpoint is of other flags."""
+    state_file = out / "last" / "train_state.pt"
+    state = load_train_state(state_file) if state_file.is_file() and not cfg.no_resume else None
+    if state is not None and state.get("flags") != json.dumps(flags_record(cfg)):
+        print(f"{shown(out)} holds an interrupted run of other flags: starting over")
+        state = None
+    if state is not None and state.get("weights") != weights_digests(out / "last", models):
+        print(f"{shown(out / 'last')}: its weights are not those its train state was saved with (a run killed "
+              "between the two writes): starting over")
+        state = None
+    if state is None:
+        if out.exists():
+            shutil.rmtree(out)
+        return None
+    for file, model in models.items():
+        load_state(model, out / "last" / file)
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    for log in logs:
+        truncate_metrics(out / log, state["step"])
+    print(f"resuming {shown(out)} at step {state['step']}")
+    return state
+
+
+def require_finite_metrics(metrics: dict, keys: tuple[str, ...], step: int, out: Path) -> None:
+    """Stop the run when a loss came out NaN or infinite (train.require_finite), naming the step and the last
+    checkpoint in `out/last/` it can resume from (a key missing from `metrics`, a skipped update's, is not checked)."""
+    last = out / "last" if (out / "last" / "train_state.pt").is_file() else None
+    for key in keys:
+        if key in metrics:
+            require_finite(metrics[key], key, step, last)
+
+
+def weights_digests(folder: Path, models: dict[str, torch.nn.Module]) -> dict[str, str | None]:
+    """The SHA-256 of each weights file of `models` (file -> module) in `folder` (None for a missing one)."""
+    return {file: (hashlib.sha256((folder / file).read_bytes()).hexdigest() if (folder / file).is_file() else None)
+            for file in models}
+
+
+def save_state(out: Path, cfg, step: int, optimizer: torch.optim.Optimizer, models: dict[str, torch.nn.Module],
+               **extra) -> None:
+    """The train state `resume` reads, written after the weights the chapter saved in `out/last/` (models: file ->
+    module, as `resume` takes them): the step, the optimizer, the CPU RNG, the flags, the digests of those weights
+    files (a kill between the two writes leaves weights `resume` can tell apart), and `extra` (tensors and plain
+    values only: it is read with weights_only=True)."""
+    save_train_state(out / "last" / "train_state.pt", {"step": step, "optimizer": optimizer.state_dict(),
+                                                        "rng": torch.get_rng_state(),
+                                                        "flags": json.dumps(flags_record(cfg)),
+                                                        "weights": weights_digests(out / "last", models), **extra})
+
+
+# ----------------------------------------------------------------------------- seed sweeps
+
+
+def runs_of(cfg, name: str) -> list[Run]:
+    """The runs a command makes: one into --out (default runs/<name>) from --init (default chapter 5's SFT run, built
+    when missing), or with --seeds N one per seed k into runs/<name>_seeds/seed<k> from chapter 5's seed k."""
+    root, device = runs_root(cfg.quick), pick_device(cfg.device)
+    if not cfg.seeds:
+        init = cfg.init or prerequisite("sft", cfg.quick, build=not cfg.no_build)
+        require_real(init, cfg.quick)
+        return [Run(cfg.out or root / name, cfg.seed, init, device)]
+    sft_sweep = sft_seed_sweep(root, cfg.seeds)
+    sweep_dir = cfg.out or root / f"{name}_seeds"
+    return [Run(sweep_dir / f"seed{k}", k, sft_sweep / f"seed{k}", device) for k in range(cfg.seeds)]
+
+
+def sft_seed_sweep(root: Path, seeds: int) -> Path:
+    """Chapter 5's seed sweep, runs/sft_seeds/, where seed k of a later sweep starts; an error naming the command
+    that makes it when a seed is missing."""
+    sft_sweep = root / "sft_seeds"
+    missing = [k for k in range(seeds) if not finished_run(sft_sweep / f"seed{k}")]
+    if missing:
+        raise PrerequisiteError(f"--seeds {seeds} starts seed k from {shown(sft_sweep)}/seed<k>, and seeds {missing} "
+                                f"are not there: run `python chapters/ch05_sft.py --seeds {seeds}` first")
+    return sft_sweep
+
+
+def spread_table(rows: dict[str, tuple[str, list[float], Callable[[float], str]]],
+                 first: str = "") -> tuple[str, dict]:
+    """rows: key -> (label, one value per seed, format). A markdown table of min / median / max and every seed's
+    value, and the spread as {key: {min, median, max, runs}} for summary.json."""
+    spread = {k: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v}
+              for k, (_, v, _) in rows.items()}
+    lines = [f"| {first} | min | median | max | seeds 0.. |", "|---|---:|---:|---:|---|"]
+    for k, (label, _, f) in rows.items():
+        s = spread[k]
+        lines.append(f"| {label} | {f(s['min'])} | {f(s['median'])} | {f(s['max'])} | {', '.join(map(f, s['runs']))} |")
+    return "\n".join(lines), spread
+
+
+def gain_rows(results: list[dict], name: str, percent: bool = True) -> dict:
+    """The rows of an RL sweep's spread table (chapters 7 and 8): the held-out score before and after, the gain, the
+    KL, the minutes. percent=False shows the scores as they are (a mean reward, not an accuracy)."""
+    before, after = [r["before"]["gold"] for r in results], [r["after"]["gold"] for r in results]
+    score = "{:.1%}".format if percent else "{:.3f}".format
+    return {"before": (f"held-out {name}, SFT", before, score), "after": (f"held-out {name}, after RL", after, score),
+            "gain": ("gain", [a - b for a, b in zip(after, before)],
+                     (lambda x: f"{100 * x:+.1f} pts") if percent else "{:+.3f}".format),
+            "kl": ("KL (k1, nats/sequence)", [r["kl"] for r in results], "{:.3f}".format),
+            "minutes": ("training minutes", [r["seconds"] / 60 for r in results], "{:.1f}".format)}
+
+
+def write_sweep(sweep_dir: Path, script: str, argv: list[str] | None, text: str, summary: dict, quick: bool) -> None:
+    """sweep.md (the command that made the sweep, then its table) and summary.json (which marks the sweep finished) in
+    `sweep_dir`, the folder of the seed<k> runs."""
+    command = f"python chapters/{script} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()
+    atomic_write_text(sweep_dir / "sweep.md", f"`{command}`\n\n{text}\n")
+    write_summary(sweep_dir, summary, quick)

@@ -1,0 +1,139 @@
+"""Tests for llm_from_scratch.tasks: the instruction examples and the RL prompts, their answers recomputed
+independently."""
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from llm_from_scratch import tasks
+from llm_from_scratch import tinyworld as tw
+
+# ----------------------------------------------------------------------------
+# The worked-sum parser of test_tinyworld.py (each test file runs alone in tests/test_standalone.py)
+
+SUM_RE = r"(\d+) (plus|minus) (\d+): (\d+) (plus|minus) (\d+) is (\d+)\. (\d+) (plus|minus) (\d+) is (\d+)\."
+
+
+def _parse_sums(text):
+    """Worked sums -> [(a, op, b, c)]: every sum states its problem, then two steps, its tens and then its ones."""
+    sums = []
+    for a, op, b, a1, op1, tens, mid, mid2, op2, ones, c in re.findall(SUM_RE, text):
+        a, b, a1, tens, mid, mid2, ones, c = map(int, (a, b, a1, tens, mid, mid2, ones, c))
+        assert a1 == a and op1 == op2 == op and tens + ones == b and tens % 10 == 0 and ones < 10 and mid2 == mid
+        assert mid == (a + tens if op == "plus" else a - tens) and c == (mid + ones if op == "plus" else mid - ones)
+        sums.append((a, op, b, c))
+    assert " ".join(tw.worked_steps(a, op, b) for a, op, b, _ in sums) == text
+    return sums
+
+
+# ----------------------------------------------------------------------------
+# Instruction examples: answers recomputed independently
+
+
+def _solve_arithmetic(prompt):
+    for pattern, f in ((r"Add (\d+) and (\d+)\.", lambda a, b: a + b),
+                       (r"What is (\d+) plus (\d+)\?", lambda a, b: a + b),
+                       (r"Subtract (\d+) from (\d+)\.", lambda b, a: a - b),
+                       (r"What is (\d+) minus (\d+)\?", lambda a, b: a - b)):
+        m = re.fullmatch(pattern, prompt)
+        if m:
+            return f(int(m.group(1)), int(m.group(2)))
+    raise AssertionError(prompt)
+
+
+def _solve_word_problem(prompt, max_quantity=20):
+    name = re.search(r"does (\w+) have now\?$", prompt).group(1)
+    sentences = [s.strip() for s in re.findall(r"[^.?]+[.?]", prompt)]
+    count = int(re.fullmatch(rf"{name} has (\d+) \w+\.", sentences[0]).group(1))
+    for s in sentences[1:-1]:
+        k = int(re.search(r"\d+", s).group())
+        assert 1 <= k <= max_quantity
+        if re.match(r"\w+ has \d+ ", s):  # another child's count: a distractor
+            assert not s.startswith(name)
+            continue
+        count += k if " more " in s else -k
+        assert 0 <= count <= max_quantity
+    return count
+
+
+def test_verifiable_answers_are_correct():
+    seen = Counter()
+    verifiable = ("arithmetic", "word_problem", "sort", "reverse", "count")
+    for ex in tasks.generate_instructions(3000, seed=5, tasks=verifiable):
+        seen[ex.task] += 1
+        if ex.task == "arithmetic":
+            (a, op, b, c), = _parse_sums(ex.response)  # one sum, worked in steps
+            assert int(ex.meta["answer"]) == c == _solve_arithmetic(ex.prompt) >= 0
+            assert ex.prompt in (f"Add {a} and {b}.", f"What is {a} plus {b}?") if op == "plus" else \
+                ex.prompt in (f"Subtract {b} from {a}.", f"What is {a} minus {b}?")
+        elif ex.task == "word_problem":
+            sums = _parse_sums(ex.response)  # one worked sum per event of the story
+            assert all(sums[i][3] == sums[i + 1][0] for i in range(len(sums) - 1))  # each continues the last
+            assert sums[0][0] == int(re.match(r"\w+ has (\d+)", ex.prompt).group(1))
+            assert int(ex.meta["answer"]) == sums[-1][3] == _solve_word_problem(ex.prompt)
+        else:
+            assert ex.response == ex.meta["answer"]
+            words = re.fullmatch(r"\w+ these words: (.*)\.", ex.prompt).group(1).split(", ")
+            assert 3 <= len(words) <= 6 and len(set(words)) == len(words)
+            expected = {"sort": ", ".join(sorted(words)), "reverse": ", ".join(words[::-1]),
+                        "count": str(len(words))}[ex.task]
+            assert ex.response == expected
+    assert min(seen.values()) > 400
+
+
+def test_word_problem_difficulty_knobs():
+    rng = tw.Recorder(2)
+    for _ in range(300):
+        ex = tasks.make_word_problem(rng, steps=(4, 4), max_quantity=9, distractor_p=1.0)
+        sentences = re.findall(r"[^.?]+[.?]", ex.prompt)
+        assert len(sentences) == 1 + 4 + 1 + 1  # start, 4 steps, distractor, question
+        assert int(ex.meta["answer"]) == _solve_word_problem(ex.prompt, max_quantity=9)
+    with_distractor = sum(len(re.findall(r"[^.?]+[.?]", tasks.make_word_problem(rng).prompt)) for _ in range(1000))
+    assert 5_000 < with_distractor < 5_600  # default: 2-4 steps, sometimes one distractor
+
+
+def test_qa_and_story_examples():
+    for ex in tasks.generate_instructions(400, seed=9, tasks=("qa", "story")):
+        if ex.task == "qa":
+            story, question = re.fullmatch(r"Story: (.*)\nQuestion: (.*)", ex.prompt).groups()
+            assert ex.response in story
+            m = re.fullmatch(r"What color was the (\w+)\?", question)
+            if m:
+                assert f"{ex.response} {m.group(1)}" in story
+        else:
+            assert f"{ex.meta['color']} {ex.meta['object']}" in ex.prompt and ex.meta["name"] in ex.prompt
+        assert tasks.Example.from_dict(json.loads(json.dumps(ex.to_dict()))) == ex
+
+
+# ----------------------------------------------------------------------------
+# RL prompts, files
+
+
+def test_rl_prompts():
+    for row in tasks.rl_prompts("verifiable", 200, seed=1):
+        solve = _solve_arithmetic if row["task"] == "arithmetic" else _solve_word_problem
+        assert str(solve(row["prompt"])) == row["answer"]
+    for row in tasks.rl_prompts("stories", 50, seed=1):
+        assert row["task"] == "story" and row["spec"]["name"] in row["prompt"]
+    with pytest.raises(ValueError, match="verifiable"):
+        tasks.rl_prompts("chess", 5)
+
+
+def test_word_problem_pronouns_have_one_reading():
+    """'Tom has 1 car. Leo has 15 cars. He finds 15 more cars.': whose cars? A pronoun may stand for the child
+    only right after a sentence that names nobody else."""
+    names = set(tw.NAME_LIST)
+    rng, pronouns_seen, names_again = tw.Recorder(3), 0, 0
+    for _ in range(2000):
+        ex = tasks.make_word_problem(rng)
+        sentences = [s.strip() for s in re.findall(r"[^.?]+[.?]", ex.prompt)]
+        child = re.fullmatch(r"(\w+) has \d+ \w+\.", sentences[0]).group(1)
+        for before, s in zip(sentences, sentences[1:]):
+            if re.search(r"\b([Ss]he|[Hh]e|her|him)\b", s):
+                pronouns_seen += 1
+                assert {w for w in re.findall(r"\w+", before) if w in names} <= {child}, (before, s)
+            elif not s.startswith("How") and not re.match(r"\w+ has \d+", s) and child in s:
+                names_again += 1
+    assert pronouns_seen > 2000 and names_again > 500  # both forms occur
