@@ -56,7 +56,8 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--warmup", type=int, default=50, help="warmup steps (default 50)")
     ap.add_argument("--train-on-prompt", action="store_true", help="also put the loss on the prompt tokens")
-    ap.add_argument("--eval-examples", type=int, default=1500, help="held-out examples to score (default 1500: all, every task)")
+    ap.add_argument("--eval-examples", type=int, default=1500,
+                    help="held-out examples to score (default 1500: all, every task)")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="run seeds 0..N-1 into runs/sft_seeds/ and print the spread of the results")
     ap.add_argument("--no-resume", action="store_true", help="start over even if --out holds an interrupted run")
@@ -107,9 +108,11 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     eval_set = val_examples[: args.eval_examples]
     ctx = model.config.context_length
     batches = SFTBatches(tok, train_examples, ctx, args.batch_size, seed=seed, train_on_prompt=args.train_on_prompt)
-    val_batches = SFTBatches(tok, val_examples, ctx, args.batch_size, seed=10_000, group=1)  # a fair sample of every task
-    print(f"seed {seed}: {len(batches.examples):,} training examples ({batches.dropped} longer than the context dropped), "
-          f"{len(eval_set)} held-out examples scored; loss on {'prompt and response' if args.train_on_prompt else 'the response only'}")
+    # a fair sample of every task
+    val_batches = SFTBatches(tok, val_examples, ctx, args.batch_size, seed=10_000, group=1)
+    print(f"seed {seed}: {len(batches.examples):,} training examples "
+          f"({batches.dropped} longer than the context dropped), {len(eval_set)} held-out examples scored; loss on "
+          f"{'prompt and response' if args.train_on_prompt else 'the response only'}")
 
     dtype = choose_dtype(args.dtype, device)  # auto: float32 on a CPU, the same on every CPU (device.py)
     print(f"precision {dtype}")
@@ -122,11 +125,13 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     atomic_write_text(out / "eval_before.json", json.dumps(before, indent=2))
 
     cfg = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
-                      warmup_steps=args.warmup, eval_interval=max(10, args.steps // 5), checkpoint_interval=max(10, args.steps // 5),
-                      log_interval=10, eval_batches=10, dtype=dtype, seed=seed)
+                      warmup_steps=args.warmup, eval_interval=max(10, args.steps // 5),
+                      checkpoint_interval=max(10, args.steps // 5), log_interval=10, eval_batches=10, dtype=dtype,
+                      seed=seed)
     tok.save(out)
     t0 = time.perf_counter()
-    train(model, cfg, batches.batch, lambda: [val_batches.batch(i) for i in range(cfg.eval_batches)], out, quiet=args.quiet)
+    train(model, cfg, batches.batch, lambda: [val_batches.batch(i) for i in range(cfg.eval_batches)], out,
+          quiet=args.quiet)
     seconds = time.perf_counter() - t0
 
     best = load_gpt(out, device=device, vocab_size=tok.vocab_size)
@@ -140,7 +145,8 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
     for r in rows:
         if shown_per_task.get(r["task"], 0) < 2:
             shown_per_task[r["task"]] = shown_per_task.get(r["task"], 0) + 1
-            samples.append(f"| {r['task']} | {table_cell(r['prompt'])} | {table_cell(r['response'])} | {r['reward']:.2f} |")
+            samples.append(f"| {r['task']} | {table_cell(r['prompt'])} | {table_cell(r['response'])} | "
+                           f"{r['reward']:.2f} |")
     result = {"before": before, "after": after, "seconds": seconds, "steps": args.steps, "seed": seed, "lr": args.lr,
               "train_on_prompt": args.train_on_prompt, "device": str(device), "precision": dtype}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
@@ -164,7 +170,8 @@ def table_cell(text: str, width: int = 160) -> str:
 
 
 def finished_seed(args, out: Path, seed: int) -> dict | None:
-    """The result of a finished run of this very configuration in `out` (a sweep picks up where it stopped), else None."""
+    """The result of a finished run of this very configuration in `out` (a sweep picks up where it stopped), else
+    None."""
     if args.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
         return None
     result = json.loads((out / "eval.json").read_text(encoding="utf-8"))

@@ -9,15 +9,15 @@ the starting policy and the frozen reference of the KL penalty.
   --task stories         RLHF: the reward is the chapter-6 reward model (--reward rm, the default here), and
                          the gold story reward, which the policy never sees, is logged beside it.
 
-Writes runs/pg_<task>_<algo>/ (_<loss-type> and _filter or _nofilter appended where they differ from the task's
-recipe): the policy
-(model.safetensors, config.json, the tokenizer), metrics.jsonl (reward, gold/reward, proxy/reward, objective/kl
-and kl_k3, objective/entropy, completions/*, and the step time split into generate, reference, reward (scoring)
-and update; for stories the shares of samples without the asked name or object; at each evaluation eval/greedy/*
-and, with --eval-samples, eval/sampled/*: llm_from_scratch/evaluation.py), rollout_samples.jsonl (at each
-evaluation, the samples the trained reward liked best), eval.json (for word problems also the SFT model's pass@k
-and McNemar's exact test of the greedy answers before and after), samples.md, curves.png, report.md and summary.json. An interrupted run resumes from its last evaluation
-(--no-resume starts over), and a finished run of the same flags is kept.
+Writes runs/pg_<task>_<algo>/ (_<loss-type> and _filter or _nofilter appended where they differ from the task's recipe):
+the policy (model.safetensors, config.json, the tokenizer), metrics.jsonl (reward, gold/reward, proxy/reward,
+objective/kl and kl_k3, objective/entropy, completions/*, and the step time split into generate, reference, reward
+(scoring) and update; for stories the shares of samples without the asked name or object; at each evaluation
+eval/greedy/* and, with --eval-samples, eval/sampled/*: llm_from_scratch/evaluation.py), rollout_samples.jsonl (at each
+evaluation, the samples the trained reward liked best), eval.json (for word problems also the SFT model's pass@k and
+McNemar's exact test of the greedy answers before and after), samples.md, curves.png, report.md and summary.json. An
+interrupted run resumes from its last evaluation (--no-resume starts over), and a finished run of the same flags is
+kept.
 
 --seeds N runs seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, into runs/pg_<task>_<algo>_seeds/,
 and prints the spread (min / median / max) of the held-out score and of its gain.
@@ -196,11 +196,13 @@ def parse_args(argv=None) -> Config:
 
 def run_name(cfg: Config) -> str:
     """The default folder's name: pg_<task>_<algo>, then _<loss-type> (or _own) and _filter (or _nofilter) where those
-    differ from the task's recipe (TASK_DEFAULTS), so such a run never overwrites the default run later chapters read."""
+    differ from the task's recipe (TASK_DEFAULTS), so such a run never overwrites the default run later chapters
+    read."""
     recipe = TASK_DEFAULTS[cfg.task]
     return (f"pg_{cfg.task}_{cfg.algo}"
             + (f"_{cfg.loss_type or 'own'}" if cfg.loss_type != recipe["loss_type"] else "")
-            + (("_filter" if cfg.filter_groups else "_nofilter") if cfg.filter_groups != recipe["filter_groups"] else ""))
+            + (("_filter" if cfg.filter_groups else "_nofilter") if cfg.filter_groups != recipe["filter_groups"]
+               else ""))
 
 
 def pg_config(cfg: Config) -> PGConfig:
@@ -215,7 +217,8 @@ def score_name(task: str) -> str:
 
 
 def greedy_key(task: str) -> str:
-    """The metrics.jsonl key of the greedy held-out score: the accuracy for word problems, the gold reward for stories."""
+    """The metrics.jsonl key of the greedy held-out score: the accuracy for word problems, the gold reward for
+    stories."""
     return "eval/greedy/accuracy" if task == "word-problems" else "eval/greedy/gold"
 
 

@@ -18,12 +18,13 @@ The SFT model is the starting policy and the frozen reference.
   --kl-ctl fixed          kl_coef stays at --kl-coef (--kl-coef 0: no penalty, and over-optimisation)
 
 Writes runs/ppo_<task>[_shared][_fixed<coef>]/: the policy (model.safetensors, config.json, the tokenizer; the
-critic in critic/, or with --critic shared the policy with its value head in policy_value/), metrics.jsonl (objective/kl, objective/kl_coef, objective/entropy, objective/scores,
-gold/reward, proxy/reward, policy/approxkl, policy/clipfrac, loss/policy, loss/value, value/explained_variance,
-value/clipfrac, completions/mean_length, and each step's time split into generate, reference, reward, update; at each
-evaluation eval/sampled/* for stories, eval/greedy/* for word problems: llm_from_scratch/evaluation.py),
-rollout_samples.jsonl, eval.json (with the weights each model holds), samples.md, curves.png, report.md and
-summary.json. An interrupted run resumes from its last evaluation (--no-resume starts over), and a finished run of the same flags is kept.
+critic in critic/, or with --critic shared the policy with its value head in policy_value/), metrics.jsonl
+(objective/kl, objective/kl_coef, objective/entropy, objective/scores, gold/reward, proxy/reward, policy/approxkl,
+policy/clipfrac, loss/policy, loss/value, value/explained_variance, value/clipfrac, completions/mean_length, and each
+step's time split into generate, reference, reward, update; at each evaluation eval/sampled/* for stories, eval/greedy/*
+for word problems: llm_from_scratch/evaluation.py), rollout_samples.jsonl, eval.json (with the weights each model
+holds), samples.md, curves.png, report.md and summary.json. An interrupted run resumes from its last evaluation
+(--no-resume starts over), and a finished run of the same flags is kept.
 
 --seeds N runs seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, and prints the spread.
 
@@ -127,10 +128,13 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--k", type=int, default=1, help="samples per prompt (default 1: the critic is the baseline)")
     ap.add_argument("--epochs", type=int, default=2, help="passes over each rollout batch (default 2)")
     ap.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass (default 2)")
-    ap.add_argument("--lr", type=cli.positive_float, default=5e-5, help="the policy's AdamW learning rate (default 5e-5)")
-    ap.add_argument("--critic-lr", type=cli.positive_float, default=1e-4, help="the critic's learning rate (default 1e-4)")
+    ap.add_argument("--lr", type=cli.positive_float, default=5e-5,
+                    help="the policy's AdamW learning rate (default 5e-5)")
+    ap.add_argument("--critic-lr", type=cli.positive_float, default=1e-4,
+                    help="the critic's learning rate (default 1e-4)")
     ap.add_argument("--clip-eps", type=cli.finite_float, default=0.2, help="policy ratio clip (default 0.2)")
-    ap.add_argument("--clip-value", type=cli.finite_float, default=0.2, help="value clip, in reward units (default 0.2)")
+    ap.add_argument("--clip-value", type=cli.finite_float, default=0.2,
+                    help="value clip, in reward units (default 0.2)")
     ap.add_argument("--vf-coef", type=cli.finite_float, default=0.1, help="weight of the value loss (default 0.1)")
     ap.add_argument("--ent-coef", type=cli.finite_float, default=0.0, help="entropy bonus (default 0)")
     ap.add_argument("--gamma", type=cli.finite_float, default=1.0, help="discount (default 1)")

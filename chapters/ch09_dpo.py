@@ -19,7 +19,8 @@ Writes runs/dpo[_<variant>][_live]/: the policy (model.safetensors, config.json,
 side_by_side.jsonl, curves.png, kl_gold.png, logp_shift.png (the per-pair change of the chosen and rejected
 log-probs), eval.json (with the implicit reward's accuracy by gold part beside the reward model's, and the paired gain
 in gold over the SFT model with its standard error over prompts), samples.md, report.md and summary.json. An
-interrupted run resumes from its last evaluation (--no-resume starts over), and a finished run of the same flags is kept.
+interrupted run resumes from its last evaluation (--no-resume starts over), and a finished run of the same flags is
+kept.
 
 --pairs sampled trains on pairs of the SFT model's own stories instead (best and worst of 4 by gold, labelled with
 the tiny world's Bradley–Terry noise): on-policy data, into runs/dpo_sampled/.
@@ -171,7 +172,8 @@ def parse_args(argv=None) -> Config:
     if a["compare"] and a["pairs"] == "sampled":
         ap.error("--compare compares the losses on the tiny world's pairs; leave out --pairs sampled")
     if a["seeds"] and (a["init"] or a["compare"]):
-        ap.error("--seeds starts seed k from runs/sft_seeds/seed<k> (chapter 5's sweep); leave out --init and --compare")
+        ap.error("--seeds starts seed k from runs/sft_seeds/seed<k> (chapter 5's sweep); "
+                 "leave out --init and --compare")
     for flag in ("steps", "batch_size", "eval_interval", "eval_prompts", "eval_samples", "max_new_tokens",
                  "samples_per_prompt"):
         if a[flag] < 1:
@@ -228,12 +230,14 @@ def training_rows(cfg: Config, run: common.Run, policy, tok, resuming: bool) -> 
           f"prompts (the others tied on gold) in {time.perf_counter() - t0:.0f} s, saved to {shown(pairs_file)}")
     if not rows:
         raise ValueError(f"--pairs sampled: the {cfg.samples_per_prompt} stories of every prompt tied on gold, so the "
-                         "model's own stories give no pair; raise --samples-per-prompt or start from a better SFT model")
+                         "model's own stories give no pair; "
+                         "raise --samples-per-prompt or start from a better SFT model")
     return rows
 
 
 def dataset_paths(cfg: Config) -> dict[str, Path]:
-    return dataset_files.ensure_datasets(tinyworld_dir(cfg.quick), seed=0, **(dataset_files.QUICK_SIZES if cfg.quick else {}))
+    return dataset_files.ensure_datasets(tinyworld_dir(cfg.quick), seed=0,
+                                         **(dataset_files.QUICK_SIZES if cfg.quick else {}))
 
 
 def pair_eval(policy, tok, pairs: list[dict], ref: torch.Tensor, loss: DPOConfig) -> tuple[dict, torch.Tensor]:
@@ -435,7 +439,8 @@ def curves(out: Path, records: list[dict]) -> None:
                 ys = [r[f"train/{key}"] for r in train]
                 ax.plot(steps, ys, color=f"C{i}", alpha=0.15, lw=0.8)
                 ax.plot(steps, moving_average(ys, 20), color=f"C{i}", label=f"{key}: train, 20-step mean")
-            ax.plot(vsteps, [r[f"val/{key}"] for r in val], color=f"C{i}", marker="o", ls="--", label=f"{key}: held out")
+            ax.plot(vsteps, [r[f"val/{key}"] for r in val], color=f"C{i}", marker="o", ls="--",
+                    label=f"{key}: held out")
         ax.set(xlabel="step", title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -457,7 +462,8 @@ def kl_gold_figure(out: Path, records: list[dict], before: dict) -> None:
     for kl, gold, step in zip(kls, golds, steps):
         a2.annotate(str(step), (kl, gold), fontsize=7, textcoords="offset points", xytext=(4, -8))
     a2.axhline(before["gold"], color="grey", ls=":", label=f"SFT model {before['gold']:.3f}")
-    a2.set(xlabel="KL to the reference (k1, nats per story)", ylabel="gold reward (sampled)", title="gold reward against KL")
+    a2.set(xlabel="KL to the reference (k1, nats per story)", ylabel="gold reward (sampled)",
+           title="gold reward against KL")
     for a in (a1, a2):
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
@@ -472,7 +478,8 @@ def logp_shift_figure(out: Path, shift: torch.Tensor) -> None:
     a1.hist(shift[:, 0].numpy(), bins=bins, alpha=0.6, label=f"chosen (mean {shift[:, 0].mean():+.2f})")
     a1.hist(shift[:, 1].numpy(), bins=bins, alpha=0.6, label=f"rejected (mean {shift[:, 1].mean():+.2f})")
     a1.axvline(0, color="black", lw=0.8)
-    a1.set(xlabel="log π(y|x) − log π_ref(y|x) (nats)", ylabel="held-out pairs", title="how each response's log-prob moved")
+    a1.set(xlabel="log π(y|x) − log π_ref(y|x) (nats)", ylabel="held-out pairs",
+           title="how each response's log-prob moved")
     both_fell = ((shift[:, 0] < 0) & (shift[:, 1] < 0)).float().mean().item()
     a2.scatter(shift[:, 1].numpy(), shift[:, 0].numpy(), s=5, alpha=0.4)
     a2.axline((0, 0), slope=1, color="grey", lw=0.8, label="margin 0")
@@ -500,9 +507,9 @@ def rankings(val_rows, val_pairs, margins: dict[str, torch.Tensor]) -> tuple[dic
 
 def headline(r: dict, rm_run: dict | None) -> str:
     rm = f" (the reward model of chapter 6: {rm_run['accuracy']:.3f})" if rm_run else ""
-    return (f"{r['steps']} steps of {r['batch_size']} pairs ({r['epochs']:.2f} epochs) in {r['seconds'] / 60:.1f} min on "
-            f"{r['device']}. Held-out preference accuracy of the implicit reward **{r['accuracy']:.3f}**{rm}; margin "
-            f"{r['val']['rewards/margins']:+.3f}. Sampled stories at T = {r['temperature']}: gold "
+    return (f"{r['steps']} steps of {r['batch_size']} pairs ({r['epochs']:.2f} epochs) in {r['seconds'] / 60:.1f} min "
+            f"on {r['device']}. Held-out preference accuracy of the implicit reward **{r['accuracy']:.3f}**{rm}; "
+            f"margin {r['val']['rewards/margins']:+.3f}. Sampled stories at T = {r['temperature']}: gold "
             f"**{r['before']['gold']:.3f} → {r['after']['gold']:.3f}** (paired gain {r['gold_gain']:+.3f} ± "
             f"{r['gold_gain_se']:.3f}) at a KL of {r['kl']:.2f} nats per story. Both log-probs of a pair fell in "
             f"{r['both_fell']:.0%} of the held-out pairs.")
@@ -512,13 +519,17 @@ def parts_markdown(parts: dict[str, dict], ranked: dict[str, dict]) -> str:
     """Every held-out pair: each ranking's accuracy against the labels and agreement with gold; then the pairs that
     differ in one part of the gold reward: how often each ranking orders them as gold does."""
     names = list(parts)
-    keys = sorted({k for p in parts.values() for k in p}, key=lambda k: -max(p.get(k, {}).get("n", 0) for p in parts.values()))
+    keys = sorted({k for p in parts.values() for k in p},
+                  key=lambda k: -max(p.get(k, {}).get("n", 0) for p in parts.values()))
     lines = ["| held-out pairs | pairs | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
-    for key, label in (("accuracy", "all: accuracy against the labels"), ("gold_agreement", "all: agreement with gold")):
-        lines.append(f"| {label} | | " + " | ".join(f"{ranked[n][key]:.3f}" if n in ranked else "–" for n in names) + " |")
+    for key, label in (("accuracy", "all: accuracy against the labels"),
+                       ("gold_agreement", "all: agreement with gold")):
+        lines.append(f"| {label} | | "
+                     + " | ".join(f"{ranked[n][key]:.3f}" if n in ranked else "–" for n in names) + " |")
     for k in keys:
         n = max(p.get(k, {}).get("n", 0) for p in parts.values())
-        lines.append(f"| differ only in {k} | {n} | " + " | ".join(f"{p[k]['agreement']:.2f}" if k in p else "–" for p in parts.values())
+        lines.append(f"| differ only in {k} | {n} | "
+                     + " | ".join(f"{p[k]['agreement']:.2f}" if k in p else "–" for p in parts.values())
                      + " |")
     return "\n".join(lines)
 
@@ -539,7 +550,8 @@ def compare(cfg: Config, root: Path, device) -> dict:
                 or common.finished_result(run.out, one, cfg.seed))
         print(f"\n=== {variant(loss_type, beta, ls)} ===")
         results.append(kept or dpo_run(one, run, shared_cache))
-    lines = ["| loss | β | ε | held-out accuracy | margin | chosen | rejected | both fell | gold (SFT → after) | KL (k1) |",
+    lines = ["| loss | β | ε | held-out accuracy | margin | chosen | rejected | both fell | "
+             "gold (SFT → after) | KL (k1) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in results:
         v = r["val"]
@@ -550,7 +562,8 @@ def compare(cfg: Config, root: Path, device) -> dict:
     text = "\n".join(lines)
     print(f"\nthe same {cfg.steps} steps of {cfg.batch_size} pairs, seed {cfg.seed}, for each loss:\n{text}")
     compare_figure(folder, results)
-    keys = ("variant", "loss_type", "beta", "label_smoothing", "accuracy", "kl", "gold_gain", "gold_gain_se", "both_fell")
+    keys = ("variant", "loss_type", "beta", "label_smoothing", "accuracy", "kl", "gold_gain", "gold_gain_se",
+            "both_fell")
     summary = {"variants": [{k: r[k] for k in keys} | {"gold": r["after"]["gold"]} for r in results]}
     command = f"python chapters/ch09_dpo.py {' '.join(sys.argv[1:])}".strip()
     atomic_write_text(folder / "compare.md", f"`{command}`\n\n{text}\n")

@@ -53,8 +53,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
+from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import torch
@@ -108,8 +110,10 @@ def parse_args(argv=None):
     ap.add_argument("--eval-samples", type=int, default=4,
                     help="samples per held-out story prompt in the evaluation (default 4, as chapter 8)")
     ap.add_argument("--bon-samples", type=int, default=64,
-                    help="best-of-N: samples of the SFT model per held-out prompt; N runs over 1, 2, 4 .. this (default 64)")
-    ap.add_argument("--rl-steps", type=int, default=100, help="REINFORCE, RLOO and GRPO: steps on stories (default 100)")
+                    help="best-of-N: samples of the SFT model per held-out prompt; N runs over 1, 2, 4 .. this "
+                         "(default 64)")
+    ap.add_argument("--rl-steps", type=int, default=100,
+                    help="REINFORCE, RLOO and GRPO: steps on stories (default 100)")
     ap.add_argument("--rl-eval-interval", type=int, default=25,
                     help="REINFORCE, RLOO and GRPO: steps between held-out evaluations (default 25)")
     ap.add_argument("--rft-rounds", type=int, default=4, help="RFT: sample-keep-fine-tune rounds (default 4)")
@@ -165,8 +169,24 @@ def rl_runs(args, out: Path) -> dict[str, Path]:
     return folders
 
 
-def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stories: list[dict], device) -> Path:
-    """Rejection-sampling fine-tuning from the SFT model into out; after every round, the held-out evaluation."""
+class Arena(NamedTuple):
+    """What every method of the arena is trained and evaluated with."""
+    out: Path  # runs/arena/
+    tok: Tokenizer
+    sft: torch.nn.Module  # the SFT model: every method's start, and the reference of every KL
+    rm_fn: Callable  # chapter 6's reward model as a reward function: the proxy
+    stories_rl: list[dict]  # chapter 7's RL story prompts (RFT samples these)
+    stories: list[dict]  # the held-out story prompts
+    problems: list[dict]  # the held-out word problems
+    device: torch.device
+    inputs: dict  # the digests of the SFT model's and the reward model's weights
+
+
+def rft_run(args, arena: Arena, sft: Path) -> Path:
+    """Rejection-sampling fine-tuning from the SFT model in `sft` into runs/arena/rft; after every round, the held-out
+    evaluation."""
+    out, tok, rm_fn, stories_rl, stories, device = (arena.out / "rft", arena.tok, arena.rm_fn, arena.stories_rl,
+                                                    arena.stories, arena.device)
     cfg = RFTConfig(rounds=args.rft_rounds, prompts=args.rft_prompts, k=args.rft_k, keep=args.rft_keep, lr=args.rft_lr,
                     max_new_tokens=args.max_new_tokens)
     settings = {"seed": args.seed, "eval_samples": args.eval_samples, "prompts": prompts_digest(stories)}
@@ -184,7 +204,8 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     generator = torch.Generator(device=device).manual_seed(args.seed)
     by_prompt = {p["prompt"]: p for p in stories_rl}
     print(f"RFT: {cfg.rounds} rounds of {cfg.prompts} prompts x {cfg.k} samples, keeping each prompt's best "
-          f"{max(1, round(cfg.keep * cfg.k))} by the reward model, {cfg.epochs} epochs of the SFT loss on them at lr {cfg.lr:g}")
+          f"{max(1, round(cfg.keep * cfg.k))} by the reward model, {cfg.epochs} epochs of the SFT loss on them "
+          f"at lr {cfg.lr:g}")
 
     def held_out(step: int, extra: dict) -> None:
         result = evaluate(policy, reference, tok, stories, [], rm_fn, args.eval_samples, 1.0, args.max_new_tokens,
@@ -195,7 +216,8 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     held_out(0, {})
     bar = tqdm(range(cfg.rounds), desc="rft", unit="round", disable=args.quiet, dynamic_ncols=True)
     for r in bar:
-        prompts = [stories_rl[(r * cfg.prompts + j) % len(stories_rl)]["prompt"] for j in range(cfg.prompts)]  # fresh, then again
+        # fresh, then again
+        prompts = [stories_rl[(r * cfg.prompts + j) % len(stories_rl)]["prompt"] for j in range(cfg.prompts)]
         metrics, kept = rft_round(policy, tok, prompts, rm_fn, cfg, optimizer, generator)
         gold = [gold_rewards.gold_reward(by_prompt[k["prompt"]], k["response"]) for k in kept]
         metrics["rft/gold_kept"] = sum(gold) / max(1, len(gold))
@@ -204,14 +226,15 @@ def rft_run(args, out: Path, sft: Path, tok, rm_fn, stories_rl: list[dict], stor
     seconds = time.perf_counter() - t0
     save_gpt(policy, out)
     tok.save(out)
-    write_summary(out, {"config": vars(cfg), "settings": settings, "seconds": seconds, "prompts_used": cfg.rounds * cfg.prompts},
-                  args.quick)
+    write_summary(out, {"config": vars(cfg), "settings": settings, "seconds": seconds,
+                        "prompts_used": cfg.rounds * cfg.prompts}, args.quick)
     return out
 
 
-def best_of_n_samples(args, out: Path, sft, tok, rm_fn, stories: list[dict], inputs: dict) -> dict:
+def best_of_n_samples(args, arena: Arena) -> dict:
     """--bon-samples samples of the SFT model for every held-out story prompt, each with its proxy and gold score."""
-    file = out / "best_of_n.json"
+    sft, tok, rm_fn, stories, inputs = arena.sft, arena.tok, arena.rm_fn, arena.stories, arena.inputs
+    file = arena.out / "best_of_n.json"
     settings = {"samples": args.bon_samples, "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
                 "seed": args.seed, **inputs, "prompts": prompts_digest(stories)}
     if file.is_file() and not args.no_resume:
@@ -233,7 +256,8 @@ def best_of_n_samples(args, out: Path, sft, tok, rm_fn, stories: list[dict], inp
         lengths += [len(tok.encode(t, allowed_special="all")) + int(e) for t, e in drawn]
     repeated = [p for p in prompts for _ in range(m)]
     proxy = torch.as_tensor(rm_fn(repeated, texts)).view(len(prompts), m)
-    gold = torch.tensor([gold_rewards.gold_reward(by_prompt[p], t) for p, t in zip(repeated, texts)]).view(len(prompts), m)
+    gold = torch.tensor([gold_rewards.gold_reward(by_prompt[p], t)
+                         for p, t in zip(repeated, texts)]).view(len(prompts), m)
     result = {"settings": settings, "prompts": prompts, "texts": texts, "proxy": proxy.tolist(), "gold": gold.tolist(),
               "lengths": lengths, "seconds": time.perf_counter() - t0}
     atomic_write_text(file, json.dumps(result))
@@ -273,22 +297,23 @@ def prompts_digest(examples: list[dict]) -> str:
     return hashlib.sha256("\n".join(e["prompt"] for e in examples).encode()).hexdigest()[:16]
 
 
-def cached_evaluation(args, out: Path, name: str, folder: Path, reference, tok, rm_fn, stories, problems, device,
-                      inputs: dict) -> dict:
-    """evaluate() of the checkpoint in `folder`, kept in out/eval/<name>.json under its weights' hash, the SFT model's
-    and the reward model's (inputs), and the settings."""
-    policy = load_gpt(folder, device=device, vocab_size=tok.vocab_size, dropout=0.0)
+def cached_evaluation(args, arena: Arena, name: str, folder: Path) -> dict:
+    """evaluate() of the checkpoint in `folder`, kept in runs/arena/eval/<name>.json under its weights' hash, the SFT
+    model's and the reward model's (arena.inputs), and the settings."""
+    out, tok, stories, problems, inputs = arena.out, arena.tok, arena.stories, arena.problems, arena.inputs
+    policy = load_gpt(folder, device=arena.device, vocab_size=tok.vocab_size, dropout=0.0)
     key = {"weights": weights_digest(policy), "eval_samples": args.eval_samples, "temperature": 1.0,
            "max_new_tokens": args.max_new_tokens, "seed": args.seed, **inputs,
            "prompts": prompts_digest(stories + problems)}
-    file = out / "eval" / f"{re.sub(r'[^A-Za-z0-9]+', '_', name.replace('β', 'beta')).strip('_')}.json"  # RLOO_beta_0.json
+    # e.g. RLOO_beta_0.json
+    file = out / "eval" / f"{re.sub(r'[^A-Za-z0-9]+', '_', name.replace('β', 'beta')).strip('_')}.json"
     if file.is_file() and not args.no_resume:
         kept = json.loads(file.read_text(encoding="utf-8"))
         if kept["key"] == key:
             return kept["result"]
     t0 = time.perf_counter()
-    result = evaluate(policy, reference, tok, stories, problems, rm_fn, args.eval_samples, 1.0, args.max_new_tokens,
-                      args.seed)
+    result = evaluate(policy, arena.sft, tok, stories, problems, arena.rm_fn, args.eval_samples, 1.0,
+                      args.max_new_tokens, args.seed)
     result = {k: v for k, v in result.items() if k not in ("samples", "proxy_each")}
     result["seconds"], result["seed"] = time.perf_counter() - t0, args.seed
     atomic_write_text(file, json.dumps({"key": key, "folder": shown(folder), "result": result}))
@@ -323,7 +348,8 @@ def trajectory(name: str, folder: Path) -> list[tuple[float, float, float]]:
     points = []
     for r in read_jsonl(folder / "metrics.jsonl"):
         if "eval/sampled/gold" in r and ("eval/sampled/kl" in r or r.get("step") == 0):
-            points.append((r.get("eval/sampled/kl", 0.0), r["eval/sampled/gold"], r.get("eval/sampled/proxy", float("nan"))))
+            points.append((r.get("eval/sampled/kl", 0.0), r["eval/sampled/gold"],
+                           r.get("eval/sampled/proxy", float("nan"))))
     return points
 
 
@@ -343,7 +369,8 @@ def frontier_figure(out: Path, table: dict, curve: list[dict], trajectories: dic
         ax.plot(x, [c[gain] for c in curve], "k--", marker=".", label="best-of-N (N = 1, 2, 4 ..; KL bound)")
         for c in curve:
             if c["n"] in BON_SHOWN:
-                ax.annotate(f"N={c['n']}", (math.sqrt(c["kl"]), c[gain]), fontsize=7, xytext=(3, -10), textcoords="offset points")
+                ax.annotate(f"N={c['n']}", (math.sqrt(c["kl"]), c[gain]), fontsize=7, xytext=(3, -10),
+                            textcoords="offset points")
         for name, points in trajectories.items():
             kl = [math.sqrt(max(p[0], 0.0)) for p in points]
             ys = [(p[1] if key == "gold" else p[2]) - base[key] for p in points]
@@ -358,7 +385,8 @@ def frontier_figure(out: Path, table: dict, curve: list[dict], trajectories: dic
         ax.set(xlabel="√KL to the SFT model (√nats per story; best-of-N: its bound)",
                ylabel=("gold gain over the SFT model (held out, sampled)" if key == "gold"
                        else "reward model score (the proxy): gain over the SFT model"),
-               title="Gold gained against √KL" if key == "gold" else "Proxy gained against √KL: what each method optimised")
+               title=("Gold gained against √KL" if key == "gold"
+                      else "Proxy gained against √KL: what each method optimised"))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="lower left")
     save(fig, out / "frontier.png")
@@ -381,8 +409,9 @@ def weights_held(name: str, folder: Path | None, sizes: dict[str, int]) -> dict[
 
 
 def table_markdown(table: dict, seconds: dict, matches: dict, held: dict) -> str:
-    lines = ["| method | gold ± s.e. | gold gain ± s.e.* | proxy (RM) | KL k1 | KL k3 | word problems (greedy) | length | "
-             "distinct-2* | training time | weights held |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| method | gold ± s.e. | gold gain ± s.e.* | proxy (RM) | KL k1 | KL k3 | word problems (greedy) | "
+             "length | distinct-2* | training time | weights held |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in table.items():
         kl3 = "—" if r.get("kl_k3") is None else f"{r['kl_k3']:.2f}"
         acc = f"{r['accuracy']:.1%} ± {r['accuracy_se']:.1%}" if "accuracy" in r else "—"
@@ -391,9 +420,9 @@ def table_markdown(table: dict, seconds: dict, matches: dict, held: dict) -> str
         t, h = seconds.get(name), held.get(name)
         h = f"{sum(h.values()) / 2 ** 20:.1f} MiB: {', '.join(h)}" if h else "—"
         g = f"{r['gain']:+.3f} ± {r['gain_se']:.3f}" if "gain" in r else "—"
-        lines.append(f"| {name} | {r['gold']:.3f} ± {r['gold_se']:.3f} | {g} | {r['proxy']:+.3f} | {kl} | {kl3} | {acc} | "
-                     f"{r['length']:.1f} | {r['distinct_2']:.3f} | {t if isinstance(t, str) else f'{t / 60:.1f} min' if t else '—'} "
-                     f"| {h} |")
+        lines.append(f"| {name} | {r['gold']:.3f} ± {r['gold_se']:.3f} | {g} | {r['proxy']:+.3f} | {kl} | {kl3} | "
+                     f"{acc} | {r['length']:.1f} | {r['distinct_2']:.3f} | "
+                     f"{t if isinstance(t, str) else f'{t / 60:.1f} min' if t else '—'} | {h} |")
     agree = [f"{name}: {', '.join(f'{k} {v:.3f} (chapter) vs {table[name][k]:.3f} (arena)' for k, v in m.items())}"
              for name, m in matches.items() if m]
     lines.append("\n*gold gain: over the SFT model on the same draws (best-of-N: over N = 1 on its own samples), its "
@@ -419,7 +448,8 @@ def samples_markdown(table: dict, texts: dict, prompts: list[str], n: int = 3) -
 
 SHARED_STAGES = ("tokenizer", "pretrain")  # chapters 1-4: every seed's chain starts from the same pretrained model
 SEED_STAGES = [("ch05_sft.py", "sft"), ("ch06_reward_model.py", "reward_model"),
-               ("ch07_policy_gradient.py", "pg_word-problems_rloo"), ("ch08_ppo.py", "ppo_stories"), ("ch09_dpo.py", "dpo")]
+               ("ch07_policy_gradient.py", "pg_word-problems_rloo"), ("ch08_ppo.py", "ppo_stories"),
+               ("ch09_dpo.py", "dpo")]
 
 
 def arena_argv(args, seed: int) -> list[str]:
@@ -470,7 +500,8 @@ def seed_spread(tables: list[dict]) -> dict[str, dict]:
         rows = [t["table"][name] for t in tables if name in t["table"]]
         if len(rows) < len(tables) or name == "SFT":
             continue
-        each = {k: [r[k] for r in rows] for k in ("gain", "gain_se", "kl", "gold", "accuracy") if all(k in r for r in rows)}
+        each = {k: [r[k] for r in rows] for k in ("gain", "gain_se", "kl", "gold", "accuracy")
+                if all(k in r for r in rows)}
         sft_acc = [t["table"]["SFT"].get("accuracy") for t in tables]
         if "accuracy" in each and None not in sft_acc:
             each["accuracy_gain"] = [a - b for a, b in zip(each["accuracy"], sft_acc)]
@@ -495,8 +526,8 @@ def seeds_markdown(spread: dict, seeds: list[int], wins: list[tuple[str, str]]) 
         lines.append(f"| {name} | {g['median']:+.3f} [{g['min']:+.3f}, {g['max']:+.3f}] | {each} | "
                      f"{kl['median']:.2f} [{kl['min']:.2f}, {kl['max']:.2f}] | {acc} |")
     beats = {a: [b for x, b in wins if x == a] for a in spread}
-    lines += ["", f"Above in every seed (seeds {', '.join(map(str, seeds))}): a difference between two methods is called "
-              "only where it holds in each seed's chain."]
+    lines += ["", f"Above in every seed (seeds {', '.join(map(str, seeds))}): a difference between two methods is "
+              "called only where it holds in each seed's chain."]
     lines += [f"- {a} > {', '.join(bs)}" for a, bs in beats.items() if bs] or ["- none"]
     return "\n".join(lines)
 
@@ -545,8 +576,9 @@ def seed_sweep(args) -> dict:
     result = {"seeds": seeds, "spread": spread, "every_seed": wins, "arenas": [shown(f) for f in folders]}
     atomic_write_text(out / "seeds.json", json.dumps(result, indent=2))
     atomic_write_text(out / "report.md", "\n".join([
-        f"## Chapter 10 over {args.seeds} seeds", "", f"`python chapters/ch10_arena.py --seeds {args.seeds}`: seed 0 is the "
-        "course's chain; seed k ran chapters 5-10 again with --seed k from the same pretrained model.", "", text, "",
+        f"## Chapter 10 over {args.seeds} seeds", "",
+        f"`python chapters/ch10_arena.py --seeds {args.seeds}`: seed 0 is the course's chain; seed k ran chapters 5-10 "
+        "again with --seed k from the same pretrained model.", "", text, "",
         f"![frontier over seeds]({out.name}/frontier.png)", ""]))
     write_summary(out, {"seeds": seeds, "every_seed": wins}, args.quick)
     return result
@@ -586,8 +618,9 @@ def main(argv=None) -> dict:
     problems = common.task_data("word-problems", args.quick, args.eval_examples).held_out
     print(f"\n--- RFT and best-of-N ({len({s['prompt'] for s in stories})} held-out story prompts, {len(problems)} "
           f"held-out word problems)", flush=True)
-    rft_dir = rft_run(args, out / "rft", sft_dir, tok, rm_fn, stories_rl, stories, device)
-    bon = best_of_n_samples(args, out, sft, tok, rm_fn, stories, inputs)
+    arena = Arena(out, tok, sft, rm_fn, stories_rl, stories, problems, device, inputs)
+    rft_dir = rft_run(args, arena, sft_dir)
+    bon = best_of_n_samples(args, arena)
     curve, bon_rows = best_of_n_rows(bon)
 
     # one evaluation for every checkpoint
@@ -596,7 +629,7 @@ def main(argv=None) -> dict:
           f"problems; {len(checkpoints)} checkpoints", flush=True)
     table, texts = {}, {}
     for name, folder in checkpoints.items():
-        table[name] = cached_evaluation(args, out, name, folder, sft, tok, rm_fn, stories, problems, device, inputs)
+        table[name] = cached_evaluation(args, arena, name, folder)
         texts[name] = table[name]["completions"][::args.eval_samples]  # sample 0 of each prompt
         if name == "SFT":
             for n, row in bon_rows.items():
@@ -618,8 +651,8 @@ def main(argv=None) -> dict:
                {"RFT": rft_dir, **rl_dirs, **chapter_dirs}.items()}
     for n in bon_rows:
         seconds[f"best-of-{n}"] = f"none ({n} samples per answer)"
-    trajectories = {name: trajectory(name, folder) for name, folder in {"RFT": rft_dir, **rl_dirs, "PPO": chapter_dirs["PPO"],
-                                                                       "DPO": chapter_dirs["DPO"]}.items()}
+    trajectories = {name: trajectory(name, folder) for name, folder in
+                    {"RFT": rft_dir, **rl_dirs, "PPO": chapter_dirs["PPO"], "DPO": chapter_dirs["DPO"]}.items()}
     sizes = {k: v["bytes"] for k, v in ppo.weights_held({"policy": sft, "reward model": rm}).items()}
     folders = {"RFT": rft_dir, **rl_dirs, **chapter_dirs}
     held = {name: weights_held(name, folders.get(name), sizes) for name in table if name != "SFT"}
@@ -638,10 +671,11 @@ def main(argv=None) -> dict:
     wall = time.perf_counter() - t_start
     atomic_write_text(out / "report.md", "\n".join([
         "## Chapter 10: the arena", "",
-        f"Every checkpoint scored by one evaluation: {args.eval_samples} samples of each of the {result['story_prompts']} "
-        f"held-out story prompts at T = 1.0 (gold ± s.e., the reward model's score, the KL to the SFT model from the "
-        f"samples, length, distinct-2) and greedy answers to the {len(problems)} held-out word problems. Best-of-N "
-        f"from {args.bon_samples} samples per prompt; its KL is the bound log N − (N − 1)/N.", "", text, "",
+        f"Every checkpoint scored by one evaluation: {args.eval_samples} samples of each of the "
+        f"{result['story_prompts']} held-out story prompts at T = 1.0 (gold ± s.e., the reward model's score, the KL "
+        f"to the SFT model from the samples, length, distinct-2) and greedy answers to the {len(problems)} held-out "
+        f"word problems. Best-of-N from {args.bon_samples} samples per prompt; its KL is the bound log N − (N − 1)/N.",
+        "", text, "",
         f"![frontier]({out.name}/frontier.png)", "", "Every method's first sample for the same prompts:", "",
         samples_markdown(table, texts, bon["prompts"], 2)]))
     write_summary(out, {"seconds": wall, "table": result["table"]}, args.quick)

@@ -5,8 +5,9 @@
 - One RL step's prompts and record (`batch_prompts`, `step_record`).
 - A run's life on disk. `flags_record(cfg)`: the flags that decide what a run computes (not where it writes or how
   it prints). `finished_result`: the eval.json of a finished run of the same flags and seed, which is kept, not
-  trained again. `require_finite_metrics` stops a run whose loss is NaN. `resume`: an interrupted run of the same flags continues from its last checkpoint (weights,
-  optimizer, RNG, and metrics.jsonl cut back to that step); `save_state` writes that checkpoint.
+  trained again. `require_finite_metrics` stops a run whose loss is NaN. `resume`: an interrupted run of the same flags
+  continues from its last checkpoint (weights, optimizer, RNG, and metrics.jsonl cut back to that step); `save_state`
+  writes that checkpoint.
 - The runs a command makes (`runs_of`): one, or with `--seeds N` one per seed, seed k of chapters 7-9 from chapter 5's
   seed k (`sft_seed_sweep`); `spread_table` is the min / median / max over seeds (`gain_rows`: chapters 7 and 8's
   rows); `write_sweep` records the table, the command and the spread.
@@ -142,7 +143,8 @@ class CommonFlags:
     no_build: bool = False
 
 
-# the fields a run's flags record leaves out: CommonFlags', and the model a run starts from (--init; its seed k in a sweep)
+# the fields a run's flags record leaves out: CommonFlags', and the model a run starts from (--init; its seed k in a
+# sweep)
 PLUMBING = (*(f.name for f in dataclasses.fields(CommonFlags)), "init")
 
 
