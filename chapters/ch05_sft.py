@@ -53,7 +53,7 @@ def parse_args(argv=None):
     ap.add_argument("--init", type=Path, help="checkpoint to start from (default runs/pretrain)")
     ap.add_argument("--steps", type=int, default=1700, help="optimizer steps (default 1700)")
     ap.add_argument("--batch-size", type=int, default=32, help="examples per step (default 32)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    ap.add_argument("--lr", type=cli.positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--warmup", type=int, default=50, help="warmup steps (default 50)")
     ap.add_argument("--train-on-prompt", action="store_true", help="also put the loss on the prompt tokens")
     ap.add_argument("--eval-examples", type=int, default=1500,

@@ -119,9 +119,9 @@ def parse_args(argv=None):
     ap.add_argument("--rft-rounds", type=int, default=4, help="RFT: sample-keep-fine-tune rounds (default 4)")
     ap.add_argument("--rft-prompts", type=int, default=128, help="RFT: fresh story prompts per round (default 128)")
     ap.add_argument("--rft-k", type=int, default=8, help="RFT: samples per prompt (default 8)")
-    ap.add_argument("--rft-keep", type=float, default=0.125,
+    ap.add_argument("--rft-keep", type=cli.finite_float, default=0.125,
                     help="RFT: the fraction of each prompt's samples kept (default 0.125: the best of 8)")
-    ap.add_argument("--rft-lr", type=float, default=3e-5, help="RFT: AdamW learning rate (default 3e-5)")
+    ap.add_argument("--rft-lr", type=cli.positive_float, default=3e-5, help="RFT: AdamW learning rate (default 3e-5)")
     ap.add_argument("--no-resume", action="store_true",
                     help="redo every piece (RL runs, RFT, best-of-N samples, evaluations) even if runs/arena holds it")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",

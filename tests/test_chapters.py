@@ -417,6 +417,20 @@ def test_no_build_refuses_with_the_command(quick_env, tmp_path):
 
 # a chapter-4 run in its own process that SIGKILLs itself right after the metrics record (step, kind) is on disk:
 # a kill at a chosen moment, not a race against a file appearing
+def uninterrupted_run(env: dict, stage: str, command: list[str]) -> Path:
+    """The folder of an uninterrupted quick run with a chapter's default flags: the course's own quick run of `stage`
+    when `test_run_all_quick` made it in this session's runs folder (the same command, into another folder), else
+    `command` run now; a killed run of the same flags must end equal to it."""
+    from llm_from_scratch.course import finished_run
+
+    kept = Path(env["LLMFS_RUNS_DIR"]) / "quick" / stage
+    if finished_run(kept) is not None:
+        return kept
+    run = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return Path(command[-1])
+
+
 KILLED_CH04 = """
 import os, signal, sys
 sys.path.insert(0, {chapters!r})
@@ -444,12 +458,10 @@ def test_pretraining_killed_before_and_after_its_first_checkpoint_ends_as_an_uni
 
     from llm_from_scratch.checkpoint import load_train_state, read_jsonl
 
-    env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path / "runs"))
+    env = quick_env
     flags = ["--quick", "--quiet", "--out"]
     script = str(ROOT / "chapters" / "ch04_pretrain.py")
-    straight = subprocess.run([sys.executable, script, *flags, str(tmp_path / "a")], capture_output=True, text=True,
-                              env=env, timeout=600)
-    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
+    uninterrupted = uninterrupted_run(env, "pretrain", [script, *flags, str(tmp_path / "a")])
 
     out = tmp_path / "b"
 
@@ -473,19 +485,22 @@ def test_pretraining_killed_before_and_after_its_first_checkpoint_ends_as_an_uni
     third = subprocess.run([sys.executable, script, *flags, str(out)], capture_output=True, text=True, env=env,
                            timeout=600)
     assert third.returncode == 0 and "before |" not in third.stdout, third.stdout[-3000:] + third.stderr[-3000:]
-    assert records(out) == records(tmp_path / "a") and [s for s, _, _ in records(out)] == [7, 14, 15, 21, 28, 30, 30]
+    assert records(out) == records(uninterrupted) and [s for s, _, _ in records(out)] == [7, 14, 15, 21, 28, 30, 30]
     for weights in ("model.safetensors", "last/model.safetensors"):
-        a, b = load_file(str(tmp_path / "a" / weights)), load_file(str(out / weights))
+        a, b = load_file(str(uninterrupted / weights)), load_file(str(out / weights))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), weights
 
 
-@pytest.mark.parametrize("script", ["ch04_pretrain.py", "ch06_reward_model.py"])
-def test_a_nan_learning_rate_is_refused_by_argparse(script, quick_env, tmp_path):
+@pytest.mark.parametrize("script,flag", [("ch04_pretrain.py", "--lr"), ("ch05_sft.py", "--lr"),
+                                         ("ch06_reward_model.py", "--lr"), ("ch07_policy_gradient.py", "--lr"),
+                                         ("ch08_ppo.py", "--kl-coef"), ("ch09_dpo.py", "--beta"),
+                                         ("ch10_arena.py", "--rft-lr")])
+def test_a_nan_float_flag_is_refused_by_argparse(script, flag, quick_env, tmp_path):
     env = dict(quick_env, LLMFS_RUNS_DIR=str(tmp_path))
-    run = subprocess.run([sys.executable, str(ROOT / "chapters" / script), "--lr", "nan"], capture_output=True,
+    run = subprocess.run([sys.executable, str(ROOT / "chapters" / script), flag, "nan"], capture_output=True,
                          text=True, env=env, cwd=ROOT)
     errors = [line for line in run.stderr.splitlines() if "error:" in line]
-    assert run.returncode == 2 and errors == [f"{script}: error: argument --lr: must be a finite number, got nan"], \
+    assert run.returncode == 2 and errors == [f"{script}: error: argument {flag}: must be a finite number, got nan"], \
         run.stderr
     assert not any(tmp_path.iterdir())  # refused before building anything
 
@@ -541,9 +556,7 @@ def test_policy_gradient_killed_before_and_after_its_first_checkpoint_ends_as_an
 
     script = str(ROOT / "chapters" / "ch07_policy_gradient.py")
     flags = ["--quick", "--quiet", "--out"]
-    straight = subprocess.run([sys.executable, script, *flags, str(tmp_path / "a")], capture_output=True, text=True,
-                              env=quick_env, timeout=900)
-    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
+    uninterrupted = uninterrupted_run(quick_env, "pg_word-problems_rloo", [script, *flags, str(tmp_path / "a")])
     out = tmp_path / "b"
 
     def killed(step):
@@ -564,9 +577,9 @@ def test_policy_gradient_killed_before_and_after_its_first_checkpoint_ends_as_an
     third = subprocess.run([sys.executable, script, *flags, str(out)], capture_output=True, text=True, env=quick_env,
                            timeout=900)
     assert third.returncode == 0 and "resuming" in third.stdout, third.stdout[-3000:] + third.stderr[-3000:]
-    assert records(out) == records(tmp_path / "a") and [r["step"] for r in records(out)] == [0, 1, 2, 3, 4]
-    assert records(out, "rollout_samples.jsonl") == records(tmp_path / "a", "rollout_samples.jsonl")
-    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert records(out) == records(uninterrupted) and [r["step"] for r in records(out)] == [0, 1, 2, 3, 4]
+    assert records(out, "rollout_samples.jsonl") == records(uninterrupted, "rollout_samples.jsonl")
+    a, b = load_file(str(uninterrupted / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
