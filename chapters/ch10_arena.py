@@ -152,9 +152,12 @@ def parse_args(argv=None):
 
 def rl_runs(args, out: Path) -> dict[str, Path]:
     """REINFORCE, RLOO and GRPO on stories against the reward model, and RLOO at β = 0 (lr 1e-4), --rl-steps each:
-    chapter 7's script, each in its own process as run_all.py runs it (it keeps a finished run of the same flags)."""
+    chapter 7's script, each in its own process as run_all.py runs it. A finished run is kept without starting a
+    process when this arena made it with the same command and the same chapter-7 script (its record, arena_run.json);
+    otherwise chapter 7 decides (it keeps a finished run of the same flags)."""
     import run_all  # chapters/run_all.py: one chapter script in its own process
 
+    script = Path(__file__).resolve().parent / "ch07_policy_gradient.py"
     folders = {}
     for label, (name, algo, flags) in RL_RUNS.items():
         folder = out / name
@@ -162,10 +165,17 @@ def rl_runs(args, out: Path) -> dict[str, Path]:
                 "--eval-interval", str(args.rl_eval_interval), "--eval-samples", str(args.eval_samples),
                 "--seed", str(args.seed), "--out", str(folder), "--device", args.device, *flags]
         argv += ["--no-build"] if args.no_build else []
+        record = {"argv": argv, "quick": args.quick, "script": hashlib.sha256(script.read_bytes()).hexdigest()}
+        folders[label] = folder
+        made = folder / "arena_run.json"
+        if (not args.no_resume and finished_run(folder) and made.is_file()
+                and json.loads(made.read_text(encoding="utf-8")) == record):
+            print(f"--- {label}: keeping the finished run in {shown(folder)} (the same command)", flush=True)
+            continue
         print(f"\n--- {label}: python chapters/ch07_policy_gradient.py {' '.join(argv)}", flush=True)
         env = dict(os.environ, LLMFS_QUICK="1" if args.quick else "0")
         run_all.run_chapter("ch07_policy_gradient.py", args.quick, args.quiet, env, args.no_resume, argv)
-        folders[label] = folder
+        atomic_write_text(made, json.dumps(record))
     return folders
 
 
