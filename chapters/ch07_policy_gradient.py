@@ -281,7 +281,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
         return result
 
     weights = {"model.safetensors": policy}  # what out/last/ holds, for resuming
-    state = common.resume(out, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
+    state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     baseline.value = state["baseline"] if state else baseline.value
     start_run(out)
@@ -322,7 +322,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
         append_metrics(out / "metrics.jsonl", record)
         if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
             save_gpt(policy, out / "last")
-            common.save_state(out, cfg, step + 1, optimizer, weights, generator=generator.get_state(),
+            common.save_state(run, cfg, step + 1, optimizer, weights, generator=generator.get_state(),
                               baseline=baseline.value, before=json.dumps(before))
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
     seconds = time.perf_counter() - t_start
@@ -363,7 +363,7 @@ def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: flo
               "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": cfg.steps,
               "seconds": seconds, "seed": run.seed, "init": str(run.init), "config": vars(pg_config(cfg)),
               "lr": cfg.lr, "prompts": cfg.prompts, "eval_samples": cfg.eval_samples if cfg.task == "stories" else 0,
-              "device": str(run.device), "flags": common.flags_record(cfg)}
+              "device": str(run.device), "flags": common.flags_record(cfg), "origin": common.origin(run)}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
     cell = common.markdown_cell
     samples = ["| prompt | response after RL | gold |", "|---|---|---:|"]
@@ -374,7 +374,7 @@ def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: flo
                 f"{after['gold']:.3f}** at a KL of {kl:.3f} nats per sequence.")
     atomic_write_text(out / "report.md", "\n".join([f"## Chapter 7: {cfg.algo} on {cfg.task}", "", headline, "",
                                                     f"![curves]({out.name}/curves.png)", "", "\n".join(samples), ""]))
-    write_summary(out, {k: v for k, v in result.items() if k not in ("config", "flags")}, cfg.quick)
+    write_summary(out, {k: v for k, v in result.items() if k not in ("config", "flags", "origin")}, cfg.quick)
     return result
 
 
@@ -413,7 +413,7 @@ def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = Non
 def main(argv=None) -> dict:
     cfg = parse_args(argv)
     runs = common.runs_of(cfg, run_name(cfg))  # one run, or one per seed (seed k from chapter 5's seed k)
-    results = [common.finished_result(run.out, cfg, run.seed) or pg_run(cfg, run) for run in runs]
+    results = [common.finished_result(cfg, run) or pg_run(cfg, run) for run in runs]
     if not cfg.seeds:
         return results[0]
     text, spread = common.spread_table(common.gain_rows(results, score_name(cfg.task)))

@@ -267,7 +267,7 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
 
     weights = ({"policy_value/model.safetensors": policy} if critic is None  # the shared trunk: one file
                else {"model.safetensors": policy, "critic/model.safetensors": critic})
-    state = common.resume(out, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
+    state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     kl_ctl.value = state["kl_coef"] if state else kl_ctl.value
     start_run(out)
@@ -302,7 +302,7 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
         append_metrics(out / "metrics.jsonl", record)
         if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
             save_policy(out / "last", policy, critic)
-            common.save_state(out, cfg, step + 1, optimizer, weights, generator=generator.get_state(),
+            common.save_state(run, cfg, step + 1, optimizer, weights, generator=generator.get_state(),
                               kl_coef=kl_ctl.value, before=json.dumps(before))
         bar.set_postfix(reward=f"{metrics['proxy/reward']:.3f}", kl=f"{metrics['objective/kl']:.2f}",
                         coef=f"{kl_ctl.value:.3f}")
@@ -390,7 +390,7 @@ def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: flo
               "seconds_per_step": step_s, "seed": run.seed, "init": str(run.init), "lr": cfg.lr,
               "critic_lr": cfg.critic_lr, "prompts": cfg.prompts, "k": cfg.k, "temperature": cfg.temperature,
               "config": {k: flags[k] for k in CONFIG_KEYS}, "weights_held": memory, "device": str(run.device),
-              "flags": flags}
+              "flags": flags, "origin": common.origin(run)}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
     cell = common.markdown_cell
     samples = ["| prompt | response after PPO | gold |", "|---|---|---:|"]
@@ -406,7 +406,7 @@ def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: flo
                    if cfg.kl_ctl == "adaptive" else "") + ".")
     atomic_write_text(out / "report.md", "\n".join([f"## Chapter 8: PPO on {cfg.task}", "", headline, "",
                                                     f"![curves]({out.name}/curves.png)", "", "\n".join(samples), ""]))
-    write_summary(out, {k: v for k, v in result.items() if k not in ("config", "flags")}, cfg.quick)
+    write_summary(out, {k: v for k, v in result.items() if k not in ("config", "flags", "origin")}, cfg.quick)
     return result
 
 
@@ -418,7 +418,7 @@ CONFIG_KEYS = ("critic_head", "epochs", "minibatches", "clip_eps", "clip_value",
 def main(argv=None) -> dict:
     cfg = parse_args(argv)
     runs = common.runs_of(cfg, run_name(cfg))  # one run, or one per seed (seed k from chapter 5's seed k)
-    results = [common.finished_result(run.out, cfg, run.seed) or ppo_run(cfg, run) for run in runs]
+    results = [common.finished_result(cfg, run) or ppo_run(cfg, run) for run in runs]
     if not cfg.seeds:
         return results[0]
     words = cfg.task == "word-problems"

@@ -223,8 +223,9 @@ def training_rows(cfg: Config, run: common.Run, policy, tok, resuming: bool) -> 
         return load_preferences(pairs_file)
     t0 = time.perf_counter()
     story_prompts = common.task_data("stories", cfg.quick, 0).train_prompts
-    rows = sampled_pairs(policy, tok, story_prompts, cfg.samples_per_prompt, cfg.temperature, cfg.max_new_tokens,
-                         run.seed)
+    sft = policy if not resuming else load_gpt(run.init, device=run.device, vocab_size=tok.vocab_size, dropout=0.0)
+    rows = sampled_pairs(sft, tok, story_prompts, cfg.samples_per_prompt, cfg.temperature, cfg.max_new_tokens,
+                         run.seed)  # the SFT model's own stories (a resumed policy has already moved)
     atomic_write_text(pairs_file, "".join(json.dumps(r) + "\n" for r in rows))
     print(f"{len(rows):,} pairs from {cfg.samples_per_prompt} SFT stories of each of {len(story_prompts):,} story "
           f"prompts (the others tied on gold) in {time.perf_counter() - t0:.0f} s, saved to {shown(pairs_file)}")
@@ -264,7 +265,7 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
     policy = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     weights = {"model.safetensors": policy}  # what out/last/ holds, for resuming
-    state = common.resume(out, cfg, weights, optimizer, logs=("metrics.jsonl", "side_by_side.jsonl"))
+    state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "side_by_side.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     start_run(out)
 
@@ -347,7 +348,7 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
             if not cfg.quiet:
                 tqdm.write(f"step {step + 1}: held-out gold {result['gold']:.3f}, KL {result['kl']:.2f} nats")
             save_gpt(policy, out / "last")
-            common.save_state(out, cfg, step + 1, optimizer, weights, before=json.dumps(before))
+            common.save_state(run, cfg, step + 1, optimizer, weights, before=json.dumps(before))
     seconds = time.perf_counter() - t_start
     after = result if result is not None else evaluate(cfg.steps, record=False)  # resumed after its last step
     save_gpt(policy, out)
@@ -356,7 +357,7 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
     result = report(cfg, run, policy, tok, pairs, outcome)
     result["wall_seconds"] = time.perf_counter() - t_run  # everything: the reference's pass, evaluations, figures
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
-    write_summary(out, {k: v for k, v in result.items() if k != "flags"}, cfg.quick)
+    write_summary(out, {k: v for k, v in result.items() if k not in ("flags", "origin")}, cfg.quick)
     print(f"{shown(out)}: {result['wall_seconds'] / 60:.1f} min in all, the reference's pass and every evaluation "
           "included")
     return result
@@ -407,7 +408,7 @@ def report(cfg: Config, run: common.Run, policy, tok, pairs: Pairs, outcome: dic
               "epochs": cfg.steps * cfg.batch_size / len(pairs.train), "seconds": seconds,
               "train_seconds": train_seconds, "seconds_per_step": train_seconds / max(1, cfg.steps),
               "eval_samples": cfg.eval_samples, "temperature": cfg.temperature, "weights_held": outcome["memory"],
-              "device": str(run.device), "flags": common.flags_record(cfg)}
+              "device": str(run.device), "flags": common.flags_record(cfg), "origin": common.origin(run)}
     cell = lambda s: common.markdown_cell(s, 220)  # noqa: E731
     rows = side_by_side(cfg.steps, before, after)
     samples = ["| prompt | reference (SFT) | gold | after DPO | gold |", "|---|---|---:|---|---:|"]
@@ -546,8 +547,8 @@ def compare(cfg: Config, root: Path, device) -> dict:
         one = dataclasses.replace(cfg, loss_type=loss_type, beta=beta, label_smoothing=ls, compare=False)  # one run
         run = common.Run(folder / variant(loss_type, beta, ls), cfg.seed, init, device)
         default = (loss_type, beta, ls) == DEFAULT and cfg.out is None  # chapter 9's default run may be it
-        kept = ((common.finished_result(root / "dpo", one, cfg.seed) if default else None)
-                or common.finished_result(run.out, one, cfg.seed))
+        kept = ((common.finished_result(one, run._replace(out=root / "dpo")) if default else None)
+                or common.finished_result(one, run))
         print(f"\n=== {variant(loss_type, beta, ls)} ===")
         results.append(kept or dpo_run(one, run, shared_cache))
     lines = ["| loss | β | ε | held-out accuracy | margin | chosen | rejected | both fell | "
@@ -594,7 +595,7 @@ def main(argv=None) -> dict:
     if cfg.compare:
         return compare(cfg, runs_root(cfg.quick), pick_device(cfg.device))
     runs = common.runs_of(cfg, run_name(cfg))  # one run, or one per seed (seed k from chapter 5's seed k)
-    results = [common.finished_result(run.out, cfg, run.seed) or dpo_run(cfg, run) for run in runs]
+    results = [common.finished_result(cfg, run) or dpo_run(cfg, run) for run in runs]
     if not cfg.seeds:
         return results[0]
     f3, signed = "{:.3f}".format, "{:+.3f}".format

@@ -4,10 +4,10 @@
   gold reward; and the story diagnostics of chapters 7 and 8 (`story_parts`, `top_samples`).
 - One RL step's prompts and record (`batch_prompts`, `step_record`).
 - A run's life on disk. `flags_record(cfg)`: the flags that decide what a run computes (not where it writes or how
-  it prints). `finished_result`: the eval.json of a finished run of the same flags and seed, which is kept, not
-  trained again. `require_finite_metrics` stops a run whose loss is NaN. `resume`: an interrupted run of the same flags
-  continues from its last checkpoint (weights, optimizer, RNG, and metrics.jsonl cut back to that step); `save_state`
-  writes that checkpoint.
+  it prints); `origin(run)`: its seed and the digest of the model it starts from. `finished_result`: the eval.json of
+  a finished run of the same flags and origin, which is kept, not trained again. `require_finite_metrics` stops a run
+  whose loss is NaN. `resume`: an interrupted run of the same flags and origin continues from its last checkpoint
+  (weights, optimizer, RNG, and metrics.jsonl cut back to that step); `save_state` writes that checkpoint.
 - The runs a command makes (`runs_of`): one, or with `--seeds N` one per seed, seed k of chapters 7-9 from chapter 5's
   seed k (`sft_seed_sweep`); `spread_table` is the min / median / max over seeds (`gain_rows`: chapters 7 and 8's
   rows); `write_sweep` records the table, the command and the spread.
@@ -45,6 +45,7 @@ from llm_from_scratch.course import (
     require_real,
     runs_root,
     shown,
+    weights_file_digest,
     write_summary,
 )
 from llm_from_scratch.data import tinyworld_dir
@@ -154,36 +155,50 @@ def flags_record(cfg) -> dict:
     return json.loads(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k not in PLUMBING}, default=str))
 
 
-def finished_result(out: Path, cfg, seed: int) -> dict | None:
-    """The eval.json of a finished run in `out` with the same flags and seed (kept, not trained again), else None;
-    always None under --no-resume."""
+def origin(run: Run) -> dict:
+    """What a run starts from besides its flags: its seed and the digest of the weights in run.init (chapter 5's SFT
+    model, which may have been trained again since): eval.json and the train state keep it."""
+    return {"seed": run.seed, "init": weights_file_digest(run.init)}
+
+
+def finished_result(cfg, run: Run) -> dict | None:
+    """The eval.json of a finished run in run.out with the same flags, seed and starting weights (kept, not trained
+    again), else None; always None under --no-resume."""
+    out = run.out
     if cfg.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
         return None
     result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
-    if result.get("flags") != flags_record(cfg) or result.get("seed") != seed:
+    if result.get("flags") != flags_record(cfg) or result.get("origin") != origin(run):
         return None
-    print(f"seed {seed}: keeping the finished run in {shown(out)} (the same flags; --no-resume runs it again)")
+    print(f"seed {run.seed}: keeping the finished run in {shown(out)} (the same flags, seed and starting model; "
+          "--no-resume runs it again)")
     return result
 
 
-def resume(out: Path, cfg, models: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer,
+def resume(run: Run, cfg, models: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer,
            logs: tuple[str, ...] = ("metrics.jsonl",)) -> dict | None:
-    """Continue an interrupted run in `out`: its last checkpoint's train state (with "step"), after loading into each
-    model the weights of `out/last/<file>` (models: file -> module), into the optimizer its state, and the CPU RNG;
-    the `logs` (JSONL files of records with a "step") are cut back to that step. None (and `out` emptied) under
-    --no-resume, when there is no checkpoint, or when the checkpoint is of other flags."""
-    state_file = out / "last" / "train_state.pt"
+    """Continue an interrupted run in run.out: its last checkpoint's train state (with "step"), after loading into
+    each model the weights of `out/last/<file>` (models: file -> module), into the optimizer its state, and the CPU
+    RNG; the `logs` (JSONL files of records with a "step") are cut back to that step. None, with the checkpoint and
+    the logs removed (nothing else of the folder), under --no-resume, when there is no checkpoint, or when the
+    checkpoint is of other flags, another seed or starting model, or an older version of the script."""
+    out, state_file = run.out, run.out / "last" / "train_state.pt"
     state = load_train_state(state_file) if state_file.is_file() and not cfg.no_resume else None
-    if state is not None and state.get("flags") != json.dumps(flags_record(cfg)):
-        print(f"{shown(out)} holds an interrupted run of other flags: starting over")
-        state = None
-    if state is not None and state.get("weights") != weights_digests(out / "last", models):
-        print(f"{shown(out / 'last')}: its weights are not those its train state was saved with (a run killed "
-              "between the two writes): starting over")
-        state = None
-    if state is None:
-        if out.exists():
-            shutil.rmtree(out)
+    why = None
+    if state is not None and "flags" not in state:
+        why = "was made by an older version of this script"
+    elif state is not None and state["flags"] != json.dumps(flags_record(cfg)):
+        why = "is of other flags"
+    elif state is not None and state.get("origin") != json.dumps(origin(run)):
+        why = "is of another seed or starting model"
+    elif state is not None and state.get("weights") != weights_digests(out / "last", models):
+        why = "holds weights its train state was not saved with (a run killed between the two writes)"
+    if why:
+        print(f"the checkpoint in {shown(out / 'last')} {why}: starting over")
+    if why or state is None:
+        shutil.rmtree(out / "last", ignore_errors=True)
+        for log in logs:
+            (out / log).unlink(missing_ok=True)
         return None
     for file, model in models.items():
         load_state(model, out / "last" / file)
@@ -210,15 +225,17 @@ def weights_digests(folder: Path, models: dict[str, torch.nn.Module]) -> dict[st
             for file in models}
 
 
-def save_state(out: Path, cfg, step: int, optimizer: torch.optim.Optimizer, models: dict[str, torch.nn.Module],
+def save_state(run: Run, cfg, step: int, optimizer: torch.optim.Optimizer, models: dict[str, torch.nn.Module],
                **extra) -> None:
-    """The train state `resume` reads, written after the weights the chapter saved in `out/last/` (models: file ->
-    module, as `resume` takes them): the step, the optimizer, the CPU RNG, the flags, the digests of those weights
-    files (a kill between the two writes leaves weights `resume` can tell apart), and `extra` (tensors and plain
-    values only: it is read with weights_only=True)."""
+    """The train state `resume` reads, written after the weights the chapter saved in `run.out/last/` (models: file ->
+    module, as `resume` takes them): the step, the optimizer, the CPU RNG, the flags, the origin (seed, starting
+    weights), the digests of those weights files (a kill between the two writes leaves weights `resume` can tell
+    apart), and `extra` (tensors and plain values only: it is read with weights_only=True)."""
+    out = run.out
     save_train_state(out / "last" / "train_state.pt", {"step": step, "optimizer": optimizer.state_dict(),
                                                         "rng": torch.get_rng_state(),
                                                         "flags": json.dumps(flags_record(cfg)),
+                                                        "origin": json.dumps(origin(run)),
                                                         "weights": weights_digests(out / "last", models), **extra})
 
 
@@ -255,7 +272,7 @@ def spread_table(rows: dict[str, tuple[str, list[float], Callable[[float], str]]
     value, and the spread as {key: {min, median, max, runs}} for summary.json."""
     spread = {k: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v}
               for k, (_, v, _) in rows.items()}
-    lines = [f"| {first} | min | median | max | seeds 0.. |", "|---|---:|---:|---:|---|"]
+    lines = [f"| {first} | min | median | max | seeds 0.. |".replace("|  |", "| |"), "|---|---:|---:|---:|---|"]
     for k, (label, _, f) in rows.items():
         s = spread[k]
         lines.append(f"| {label} | {f(s['min'])} | {f(s['median'])} | {f(s['max'])} | {', '.join(map(f, s['runs']))} |")

@@ -60,23 +60,29 @@ def test_ch07_loss_type_and_filter_reach_the_config_and_the_finished_run_check(t
     with pytest.raises(dataclasses.FrozenInstanceError):  # parsed once, never changed
         default.lr = 1.0
 
-    # a finished run is kept (not trained again) only when every flag that decides what it computes is the same
-    out = tmp_path / "run"
+    # a finished run is kept (not trained again) only when every flag that decides what it computes is the same, and
+    # so are its seed and the weights it started from
+    out, sft = tmp_path / "run", tmp_path / "sft"
     out.mkdir()
+    sft.mkdir()
+    (sft / "model.safetensors").write_bytes(b"the SFT model's weights")
+    run = common.Run(out, 0, sft, "cpu")
     (out / "summary.json").write_text(json.dumps({"quick": False}))
-    (out / "eval.json").write_text(json.dumps({"seed": 0, "flags": common.flags_record(default)}))
-    assert common.finished_result(out, default, 0) is not None
+    (out / "eval.json").write_text(json.dumps({"flags": common.flags_record(default), "origin": common.origin(run)}))
+    assert common.finished_result(default, run) is not None
     where = ch07.parse_args(["--task", "stories", "--quiet", "--device", "cpu", "--out", str(out), "--no-build"])
-    assert common.finished_result(out, where, 0) is not None  # where it writes and how it reports: not what it is
-    assert common.finished_result(out, default, 1) is None  # another seed
+    assert common.finished_result(where, run) is not None  # where it writes and how it reports: not what it is
+    assert common.finished_result(default, run._replace(seed=1)) is None  # another seed
     for other in (dapo, ch07.parse_args(["--task", "stories", "--loss-type", "grpo"]),
                   ch07.parse_args(["--task", "stories", "--filter-groups"]), ch07.parse_args(["--task", "stories",
                                                                                               "--lr", "3e-5"]),
                   ch07.parse_args(["--task", "stories", "--eval-samples", "4"]), words):
-        assert common.finished_result(out, other, 0) is None, other
-    assert common.finished_result(out, ch07.parse_args(["--task", "stories", "--no-resume"]), 0) is None
+        assert common.finished_result(other, run) is None, other
+    assert common.finished_result(ch07.parse_args(["--task", "stories", "--no-resume"]), run) is None
+    (sft / "model.safetensors").write_bytes(b"chapter 5 trained again")  # the same folder, other weights
+    assert common.finished_result(default, run) is None
     (out / "eval.json").write_text(json.dumps({"seed": 0, "config": vars(ch07.pg_config(default))}))
-    assert common.finished_result(out, default, 0) is None  # a run from before eval.json recorded its flags
+    assert common.finished_result(default, run) is None  # a run from before eval.json recorded its flags
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
@@ -599,8 +605,8 @@ def test_policy_gradient_killed_before_and_after_its_first_checkpoint_ends_as_an
 
 def test_resume_continues_only_the_same_flags_and_weights_and_cuts_the_logs_back(tmp_path, capsys):
     """chapters/common.py: resume() loads the weights, optimizer and RNG of the last checkpoint and cuts the logs back
-    to its step; it starts over (and empties the folder) for other flags, for weights written after the train state
-    (a kill between the two writes), and under --no-resume."""
+    to its step; it starts over (removing the checkpoint and the logs, nothing else) for other flags, another seed or
+    starting model, weights written after the train state (a kill between the two writes), and under --no-resume."""
     import dataclasses as dc
 
     import torch
@@ -619,11 +625,15 @@ def test_resume_continues_only_the_same_flags_and_weights_and_cuts_the_logs_back
         no_resume: bool = False
         quiet: bool = False
 
+    out, sft = tmp_path / "run", tmp_path / "sft"
+    sft.mkdir()
+    (sft / "model.safetensors").write_bytes(b"the SFT model's weights")
+    run = common.Run(out, 0, sft, "cpu")
+
     def checkpoint(model, optimizer, step):
         save_tensors(out / "last" / "model.safetensors", model.state_dict())
-        common.save_state(out, Cfg(), step, optimizer, {"model.safetensors": model}, note=step)
+        common.save_state(run, Cfg(), step, optimizer, {"model.safetensors": model}, note=step)
 
-    out = tmp_path / "run"
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -634,21 +644,27 @@ def test_resume_continues_only_the_same_flags_and_weights_and_cuts_the_logs_back
         if step == 3:
             checkpoint(model, optimizer, step)
             saved, rng = {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
+    (out / "notes.txt").write_text("a file of the user's own")
 
     fresh = torch.nn.Linear(3, 2)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
-    state = common.resume(out, Cfg(), {"model.safetensors": fresh}, fresh_opt)
+    state = common.resume(run, Cfg(), {"model.safetensors": fresh}, fresh_opt)
     assert state["step"] == 3 and state["note"] == 3 and torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(fresh.state_dict()[k], saved[k]) for k in saved)
     assert fresh_opt.state_dict()["state"][0]["step"] == 3
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
-    assert common.resume(out, Cfg(lr=0.2), {"model.safetensors": fresh}, fresh_opt) is None  # other flags
-    assert not out.exists() and "other flags: starting over" in capsys.readouterr().out
 
-    checkpoint(model, optimizer, 3)
+    def starts_over(cfg, run_, why):
+        assert common.resume(run_, cfg, {"model.safetensors": fresh}, fresh_opt) is None
+        assert not (out / "last").exists() and not (out / "metrics.jsonl").exists()
+        assert (out / "notes.txt").is_file() and why in capsys.readouterr().out  # nothing else of the folder goes
+        checkpoint(model, optimizer, 3)
+        append_metrics(out / "metrics.jsonl", {"step": 3})
+
+    starts_over(Cfg(lr=0.2), run, "is of other flags")
+    starts_over(Cfg(), run._replace(seed=1), "another seed or starting model")
+    (sft / "model.safetensors").write_bytes(b"chapter 5 trained again")
+    starts_over(Cfg(), run, "another seed or starting model")
     save_tensors(out / "last" / "model.safetensors", {k: v + 1 for k, v in model.state_dict().items()})  # killed
-    assert common.resume(out, Cfg(), {"model.safetensors": fresh}, fresh_opt) is None  # between the two writes
-    assert "not those its train state was saved with" in capsys.readouterr().out
-    checkpoint(model, optimizer, 3)
-    assert common.resume(out, Cfg(no_resume=True), {"model.safetensors": fresh}, fresh_opt) is None
-    assert not out.exists()
+    starts_over(Cfg(), run, "weights its train state was not saved with")  # between the two writes
+    starts_over(Cfg(no_resume=True), run, "")
