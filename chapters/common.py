@@ -272,7 +272,8 @@ def spread_table(rows: dict[str, tuple[str, list[float], Callable[[float], str]]
     value, and the spread as {key: {min, median, max, runs}} for summary.json."""
     spread = {k: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v}
               for k, (_, v, _) in rows.items()}
-    lines = [f"| {first} | min | median | max | seeds 0.. |".replace("|  |", "| |"), "|---|---:|---:|---:|---|"]
+    head = f"| {first} |" if first else "| |"
+    lines = [f"{head} min | median | max | seeds 0.. |", "|---|---:|---:|---:|---|"]
     for k, (label, _, f) in rows.items():
         s = spread[k]
         lines.append(f"| {label} | {f(s['min'])} | {f(s['median'])} | {f(s['max'])} | {', '.join(map(f, s['runs']))} |")
