@@ -50,7 +50,9 @@ HEADLINE = ("arithmetic", "word_problem", "story")  # the numbers a sweep report
 
 def parse_args(argv=None):
     ap = cli.parser(__doc__)
-    ap.add_argument("--init", type=Path, help="checkpoint to start from (default runs/pretrain)")
+    ap.add_argument("--init", type=Path,
+                    help="checkpoint to start from (default runs/pretrain); or a Hugging Face GPT-2 "
+                         "folder (config.json + model.safetensors), imported once (appendix C)")
     ap.add_argument("--steps", type=int, default=1700, help="optimizer steps (default 1700)")
     ap.add_argument("--batch-size", type=int, default=32, help="examples per step (default 32)")
     ap.add_argument("--lr", type=cli.positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
@@ -193,7 +195,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     root = runs_root(args.quick)
     device = pick_device(args.device)
-    init = args.init or prerequisite("pretrain", args.quick, build=not args.no_build)
+    init = common.init_folder(args.init, args.quick) if args.init else prerequisite("pretrain", args.quick,
+                                                                                   build=not args.no_build)
     require_real(init, args.quick)
     if not args.seeds:
         return sft_run(args, args.out or root / "sft", args.seed, init, device)

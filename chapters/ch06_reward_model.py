@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
+import common  # chapters/common.py: --init from a Hugging Face GPT-2 folder
 from llm_from_scratch import dataset_files, gold_rewards, preferences, tasks
 from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, quick_mode, require_real, runs_root, start_run, write_summary
@@ -49,7 +50,9 @@ from llm_from_scratch.train import load_gpt
 
 def parse_args(argv=None):
     ap = cli.parser(__doc__)
-    ap.add_argument("--init", type=Path, help="SFT checkpoint to start from (default runs/sft)")
+    ap.add_argument("--init", type=Path,
+                    help="SFT checkpoint to start from (default runs/sft); or a Hugging Face GPT-2 "
+                         "folder (config.json + model.safetensors), imported once (appendix C)")
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     ap.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32)")
     ap.add_argument("--lr", type=cli.positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
@@ -126,7 +129,8 @@ def main(argv=None) -> dict:
     out = args.out or root / "reward_model"
     device = pick_device(args.device)
     seed_everything(args.seed)
-    init = args.init or prerequisite("sft", args.quick, build=not args.no_build)
+    init = common.init_folder(args.init, args.quick) if args.init else prerequisite("sft", args.quick,
+                                                                                   build=not args.no_build)
     require_real(init, args.quick)
     tok = Tokenizer.load(init)
     sft = load_gpt(init, device=device, vocab_size=tok.vocab_size)

@@ -58,6 +58,7 @@ from llm_from_scratch.course import prerequisite, quick_mode, require_real, star
 from llm_from_scratch.device import seed_everything
 from llm_from_scratch.evaluation import eval_record as schema_record
 from llm_from_scratch.evaluation import greedy_eval, mcnemar_exact, sampled_eval
+from llm_from_scratch.lora import trainable_parameters
 from llm_from_scratch.plots import save
 from llm_from_scratch.policy_gradient import (
     ALGOS,
@@ -69,10 +70,10 @@ from llm_from_scratch.policy_gradient import (
     pg_update,
     rollout,
 )
+from llm_from_scratch.ppo import weights_held  # bytes of weights each network holds
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer
-from llm_from_scratch.train import load_gpt, save_gpt
 
 # Each task's recipe where the command line is silent. Word problems: RLOO with DAPO's token-level loss and its group
 # filter at lr 5e-5 gained the most of the four recipes measured from the course's SFT model (README, chapter 7).
@@ -83,7 +84,7 @@ TASK_DEFAULTS = {"word-problems": {"lr": 5e-5, "loss_type": "dapo", "filter_grou
 
 
 @dataclass(frozen=True)
-class Config(common.CommonFlags):
+class Config(common.CommonFlags, common.LoRAFlags):
     """Every flag, after the task's recipe and quick mode filled in the defaults: parsed once, never changed."""
     algo: str = "rloo"
     task: str = "word-problems"
@@ -114,12 +115,15 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--reward", choices=["gold", "rm"],
                     help="what the policy is trained on: the gold reward or the chapter-6 reward model "
                          "(default: gold for word problems, rm for stories)")
-    ap.add_argument("--init", type=Path, help="policy and reference to start from (default runs/sft)")
+    ap.add_argument("--init", type=Path,
+                    help="policy and reference to start from (default runs/sft); or a Hugging Face GPT-2 "
+                         "folder (config.json + model.safetensors), imported once (appendix C)")
     ap.add_argument("--steps", type=int, default=100, help="policy-gradient steps (default 100)")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
     ap.add_argument("--k", type=int, default=8, help="samples per prompt (default 8)")
     ap.add_argument("--lr", type=cli.positive_float,
-                    help="AdamW learning rate (default 5e-5 for word problems, 2e-5 for stories)")
+                    help="AdamW learning rate (default 5e-5 for word problems, 2e-5 for stories; with --lora-rank 10x "
+                         "those)")
     ap.add_argument("--beta", type=cli.finite_float, default=0.02,
                     help="KL coefficient (default 0.02; 0 = no KL penalty)")
     ap.add_argument("--kl-in", choices=["reward", "loss"],
@@ -161,11 +165,13 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="run seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, into "
                          "runs/pg_<task>_<algo>_seeds/, and print the spread")
+    cli.add_lora_args(ap)
     cli.add_common_args(ap, "pg_<task>_<algo>")
     cli.add_prerequisite_arg(ap)
     a = vars(ap.parse_args(argv))
     a["quick"] = a["quick"] or quick_mode()
     a["reward"] = a["reward"] or ("gold" if a["task"] == "word-problems" else "rm")
+    cli.check_lora_args(ap, a, TASK_DEFAULTS[a["task"]]["lr"])
     for name, value in TASK_DEFAULTS[a["task"]].items():  # the task's recipe where the command line is silent
         a[name] = value if a[name] is None else a[name]
     a["loss_type"] = None if a["loss_type"] == "own" else a["loss_type"]
@@ -202,7 +208,8 @@ def run_name(cfg: Config) -> str:
     return (f"pg_{cfg.task}_{cfg.algo}"
             + (f"_{cfg.loss_type or 'own'}" if cfg.loss_type != recipe["loss_type"] else "")
             + (("_filter" if cfg.filter_groups else "_nofilter") if cfg.filter_groups != recipe["filter_groups"]
-               else ""))
+               else "")
+            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else ""))
 
 
 def pg_config(cfg: Config) -> PGConfig:
@@ -247,8 +254,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     out, seed, device = run.out, run.seed, run.device
     seed_everything(seed)
     tok = Tokenizer.load(run.init)
-    policy = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
-    reference = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
+    policy, reference = common.policy_and_reference(cfg, run, tok)  # with --lora-rank: one network, adapters off
     rm = None
     if cfg.reward == "rm" or cfg.task == "stories":
         rm_dir = prerequisite("reward_model", cfg.quick, build=not cfg.no_build)
@@ -259,7 +265,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     train_fn = data.gold_fn if cfg.reward == "gold" else rm_fn
     proxy_fn = None if cfg.reward == "gold" else rm_fn  # what held-out answers score on the trained reward
     update_cfg = pg_config(cfg)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trainable_parameters(policy), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     baseline = MovingAverageBaseline()
     print(f"{cfg.algo} on {cfg.task} ({len(data.train_prompts):,} training prompts, {len(data.held_out)} held out), "
           f"reward: {'gold' if cfg.reward == 'gold' else 'the reward model'}; {cfg.prompts} prompts x {cfg.k} samples "
@@ -280,7 +286,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
             result["sampled"] = {k: sampled[k] for k in keys}
         return result
 
-    weights = {"model.safetensors": policy}  # what out/last/ holds, for resuming
+    weights = common.last_weights(policy)  # what out/last/ holds, for resuming
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     baseline.value = state["baseline"] if state else baseline.value
@@ -321,19 +327,20 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
                 append_metrics(out / "rollout_samples.jsonl", row)
         append_metrics(out / "metrics.jsonl", record)
         if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
-            save_gpt(policy, out / "last")
+            common.save_last(out, weights)
             common.save_state(run, cfg, step + 1, optimizer, weights, generator=generator.get_state(),
                               baseline=baseline.value, before=json.dumps(before))
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
     seconds = time.perf_counter() - t_start
 
     after = evaluate()
-    save_gpt(policy, out)
+    common.save_policy(policy, out)  # a LoRA policy with its adapters folded in
     tok.save(out)
-    return report(cfg, run, before, after, seconds)
+    held = {**common.policy_held(cfg, policy, reference), **({"reward model": rm} if rm is not None else {})}
+    return report(cfg, run, before, after, seconds, weights_held(held))
 
 
-def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: float) -> dict:
+def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: float, held: dict) -> dict:
     """The figures, the printed summary, McNemar's test, eval.json, samples.md, report.md and summary.json."""
     out = run.out
     records = read_jsonl(out / "metrics.jsonl")
@@ -363,7 +370,8 @@ def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: flo
               "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": cfg.steps,
               "seconds": seconds, "seed": run.seed, "init": str(run.init), "config": vars(pg_config(cfg)),
               "lr": cfg.lr, "prompts": cfg.prompts, "eval_samples": cfg.eval_samples if cfg.task == "stories" else 0,
-              "device": str(run.device), "flags": common.flags_record(cfg), "origin": common.origin(run)}
+              "weights_held": held, "device": str(run.device), "flags": common.flags_record(cfg),
+              "origin": common.origin(run)}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
     cell = common.markdown_cell
     samples = ["| prompt | response after RL | gold |", "|---|---|---:|"]

@@ -48,6 +48,7 @@ from tqdm import tqdm
 
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import common  # chapters/common.py: the RL tasks' data, resuming, seed sweeps
+from llm_from_scratch import lora
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, quick_mode, require_real, start_run, write_summary
 from llm_from_scratch.device import seed_everything
@@ -66,11 +67,10 @@ from llm_from_scratch.ppo import (
 )
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.tokenizer import Tokenizer
-from llm_from_scratch.train import load_gpt, save_gpt
 
 
 @dataclass(frozen=True)
-class Config(common.CommonFlags):
+class Config(common.CommonFlags, common.LoRAFlags):
     """Every flag, after the task's defaults and quick mode filled them in: parsed once, never changed."""
     task: str = "stories"
     reward: str = "rm"  # what the policy is trained on: "rm" (chapter 6's reward model) or "gold"
@@ -122,14 +122,16 @@ def parse_args(argv=None) -> Config:
                          "problems)")
     ap.add_argument("--kl-horizon", type=int, default=500,
                     help="adaptive: samples over which a 20%% error moves the coefficient by 20%% (default 500)")
-    ap.add_argument("--init", type=Path, help="policy and reference to start from (default runs/sft)")
+    ap.add_argument("--init", type=Path,
+                    help="policy and reference to start from (default runs/sft); or a Hugging Face GPT-2 "
+                         "folder (config.json + model.safetensors), imported once (appendix C)")
     ap.add_argument("--steps", type=int, default=120, help="PPO iterations: one rollout batch each (default 120)")
     ap.add_argument("--prompts", type=int, default=64, help="prompts per rollout batch (default 64)")
     ap.add_argument("--k", type=int, default=1, help="samples per prompt (default 1: the critic is the baseline)")
     ap.add_argument("--epochs", type=int, default=2, help="passes over each rollout batch (default 2)")
     ap.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass (default 2)")
-    ap.add_argument("--lr", type=cli.positive_float, default=5e-5,
-                    help="the policy's AdamW learning rate (default 5e-5)")
+    ap.add_argument("--lr", type=cli.positive_float,
+                    help="the policy's AdamW learning rate (default 5e-5; with --lora-rank 5e-4)")
     ap.add_argument("--critic-lr", type=cli.positive_float, default=1e-4,
                     help="the critic's learning rate (default 1e-4)")
     ap.add_argument("--clip-eps", type=cli.finite_float, default=0.2, help="policy ratio clip (default 0.2)")
@@ -154,9 +156,11 @@ def parse_args(argv=None) -> Config:
                     help="start over even if --out holds an interrupted or finished run of the same flags")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="run seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, and print the spread")
-    cli.add_common_args(ap, "ppo_<task>[_shared][_fixed<coef>]")
+    cli.add_lora_args(ap)
+    cli.add_common_args(ap, "ppo_<task>[_shared][_fixed<coef>][_lora<R>]")
     cli.add_prerequisite_arg(ap)
     a = vars(ap.parse_args(argv))
+    cli.check_lora_args(ap, a, 5e-5)
     a["quick"] = a["quick"] or quick_mode()
     a["reward"] = a["reward"] or ("gold" if a["task"] == "word-problems" else "rm")
     a["temperature"] = a["temperature"] or (0.7 if a["task"] == "word-problems" else 1.0)
@@ -185,7 +189,8 @@ def parse_args(argv=None) -> Config:
 
 def run_name(cfg: Config) -> str:
     return (f"ppo_{cfg.task}" + ("_shared" if cfg.critic == "shared" else "")
-            + (f"_fixed{cfg.kl_coef:g}" if cfg.kl_ctl == "fixed" else ""))
+            + (f"_fixed{cfg.kl_coef:g}" if cfg.kl_ctl == "fixed" else "")
+            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else ""))
 
 
 def eval_key(task: str) -> str:
@@ -201,13 +206,14 @@ def describe(result: dict, cfg: Config) -> str:
 
 
 def save_policy(folder: Path, policy, critic) -> None:
-    """The policy as a GPT checkpoint (what later chapters load), and the critic beside it: critic/ (a separate
-    trunk, kind reward_model) or policy_value/ (the shared trunk with both heads)."""
-    save_gpt(actor(policy), folder)
+    """The policy as a GPT checkpoint (what later chapters load; a LoRA policy with its adapters folded in), and the
+    critic beside it: critic/ (a separate trunk, kind reward_model) or policy_value/ (the shared trunk with both
+    heads)."""
+    common.save_policy(actor(policy), folder)
     if critic is not None:
         critic.save(folder / "critic")
     else:
-        policy.save(folder / "policy_value")
+        policy.save(folder / "policy_value", lora.merged_state_dict(policy))
 
 
 def ppo_run(cfg: Config, run: common.Run) -> dict:
@@ -215,8 +221,7 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
     out, seed, device = run.out, run.seed, run.device
     seed_everything(seed)
     tok = Tokenizer.load(run.init)
-    gpt = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
-    reference = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
+    gpt, reference = common.policy_and_reference(cfg, run, tok)  # with --lora-rank: one network, adapters off
     rm_dir = None  # chapter 6's run: the reward, the separate critic's start, or both
     if cfg.reward == "rm" or cfg.critic == "separate":
         rm_dir = prerequisite("reward_model", cfg.quick, build=not cfg.no_build)
@@ -233,7 +238,7 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
         policy = gpt
     else:
         policy = PolicyValue(gpt)
-    held = {"policy": policy, "reference": reference, **({"reward model": rm} if rm is not None else {}),
+    held = {**common.policy_held(cfg, policy, reference), **({"reward model": rm} if rm is not None else {}),
             **({"critic": critic} if critic is not None else {})}
 
     data = common.task_data(cfg.task, cfg.quick, cfg.eval_examples)
@@ -267,6 +272,9 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
 
     weights = ({"policy_value/model.safetensors": policy} if critic is None  # the shared trunk: one file
                else {"model.safetensors": policy, "critic/model.safetensors": critic})
+    if cfg.lora_rank:  # the frozen weights are run.init's: only what trains
+        weights = {"adapters.safetensors": lora.Adapters(gpt), **(
+            {"value_head.safetensors": policy.value_head} if critic is None else {"critic/model.safetensors": critic})}
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     kl_ctl.value = state["kl_coef"] if state else kl_ctl.value
@@ -301,7 +309,7 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
                 append_metrics(out / "rollout_samples.jsonl", row)
         append_metrics(out / "metrics.jsonl", record)
         if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
-            save_policy(out / "last", policy, critic)
+            common.save_last(out, weights)
             common.save_state(run, cfg, step + 1, optimizer, weights, generator=generator.get_state(),
                               kl_coef=kl_ctl.value, before=json.dumps(before))
         bar.set_postfix(reward=f"{metrics['proxy/reward']:.3f}", kl=f"{metrics['objective/kl']:.2f}",

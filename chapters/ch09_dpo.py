@@ -79,18 +79,19 @@ from llm_from_scratch.dpo import (
     sampled_pairs,
 )
 from llm_from_scratch.evaluation import eval_record, paired_gain, sampled_eval  # the one evaluation of chapters 5-10
+from llm_from_scratch.lora import trainable_parameters
 from llm_from_scratch.plots import moving_average, save
 from llm_from_scratch.ppo import weights_held
 from llm_from_scratch.reward_model import agreement_by_part, gold_sign, load_preferences, ranking_scores
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
-from llm_from_scratch.train import TrainConfig, load_gpt, lr_at, save_gpt
+from llm_from_scratch.train import TrainConfig, load_gpt, lr_at
 
 DEFAULT = ("sigmoid", 0.5, 0.0)  # the default loss: DPO with β = 0.5 (loss type, β, label smoothing)
 COMPARE = [("sigmoid", 0.1, 0.0), DEFAULT, ("sigmoid", 2.0, 0.0), ("ipo", 0.5, 0.0), ("sigmoid", 0.5, 0.1)]
 
 
 @dataclass(frozen=True)
-class Config(common.CommonFlags):
+class Config(common.CommonFlags, common.LoRAFlags):
     """Every flag, after the pairs' defaults and quick mode filled them in: parsed once, never changed (--compare
     makes one Config per loss with dataclasses.replace)."""
     loss_type: str = "sigmoid"
@@ -123,7 +124,9 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--reference", default="cached", choices=["cached", "live"],
                     help="cached: the reference's log-probs computed once and the model released (default); "
                          "live: the reference model scores every batch")
-    ap.add_argument("--init", type=Path, help="policy and reference to start from (default runs/sft)")
+    ap.add_argument("--init", type=Path,
+                    help="policy and reference to start from (default runs/sft); or a Hugging Face GPT-2 "
+                         "folder (config.json + model.safetensors), imported once (appendix C)")
     ap.add_argument("--train-pairs", type=Path,
                     help="a JSONL file of {prompt, chosen, rejected} to train on (default: the tiny world's "
                          "preferences_train.jsonl); the held-out pairs stay the tiny world's")
@@ -135,7 +138,8 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--steps", type=int,
                     help="optimizer steps (default 300; --pairs sampled: 80, about 1.3 epochs of ~2,000 pairs)")
     ap.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32)")
-    ap.add_argument("--lr", type=cli.finite_float, default=5e-5, help="peak AdamW learning rate (default 5e-5)")
+    ap.add_argument("--lr", type=cli.finite_float,
+                    help="peak AdamW learning rate (default 5e-5; with --lora-rank 5e-4)")
     ap.add_argument("--warmup", type=int, default=20, help="steps of linear warmup, then cosine to lr/10 (default 20)")
     ap.add_argument("--eval-interval", type=int, help="steps between evaluations (default 50; --pairs sampled: 20)")
     ap.add_argument("--eval-prompts", type=int, default=1000, help="held-out story prompts to sample (default: all)")
@@ -151,9 +155,11 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--compare", action="store_true",
                     help="run DPO at β 0.1, 0.5 and 2, IPO and conservative DPO (β 0.5, ε 0.1) into runs/dpo_compare/ "
                          "and tabulate")
-    cli.add_common_args(ap, "dpo[_<variant>][_live]")
+    cli.add_lora_args(ap)
+    cli.add_common_args(ap, "dpo[_<variant>][_live][_lora<R>]")
     cli.add_prerequisite_arg(ap)
     a = vars(ap.parse_args(argv))
+    cli.check_lora_args(ap, a, 5e-5)
     a["quick"] = a["quick"] or quick_mode()
     a["steps"] = a["steps"] or (80 if a["pairs"] == "sampled" else 300)
     a["eval_interval"] = a["eval_interval"] or (20 if a["pairs"] == "sampled" else 50)
@@ -195,7 +201,8 @@ def variant(loss_type: str, beta: float, label_smoothing: float) -> str:
 def run_name(cfg: Config) -> str:
     default = (cfg.loss_type, cfg.beta, cfg.label_smoothing) == DEFAULT
     return (("dpo" if default else f"dpo_{variant(cfg.loss_type, cfg.beta, cfg.label_smoothing)}")
-            + ("_sampled" if cfg.pairs == "sampled" else "") + ("_live" if cfg.reference == "live" else ""))
+            + ("_sampled" if cfg.pairs == "sampled" else "") + ("_live" if cfg.reference == "live" else "")
+            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else ""))
 
 
 def usable_pairs(tok: Tokenizer, rows: list[dict], context_length: int) -> list[dict]:
@@ -263,8 +270,9 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
     seed_everything(seed)
     tok = Tokenizer.load(run.init)
     policy = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    weights = {"model.safetensors": policy}  # what out/last/ holds, for resuming
+    base = common.add_lora(cfg, policy)  # --lora-rank: the reference is the policy with its adapters off
+    optimizer = torch.optim.AdamW(trainable_parameters(policy), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    weights = common.last_weights(policy)  # what out/last/ holds, for resuming
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "side_by_side.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     start_run(out)
@@ -280,6 +288,8 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
     loss_cfg = DPOConfig(beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
 
     def load_reference():
+        if base is not None:  # LoRA: no second copy to load
+            return base
         return load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
 
     live = load_reference() if cfg.reference == "live" else None
@@ -294,7 +304,7 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
         if computed:
             print(f"the reference's log-probs of {len(train):,} + {len(val):,} pairs, once "
                   f"({time.perf_counter() - t0:.0f} s), saved to {shown(cache_file)}; the reference model is released")
-    memory = weights_held({"policy": policy, **({"reference": live} if live is not None else {})})
+    memory = weights_held(common.policy_held(cfg, policy, live))  # cached: the reference is not held
     print(f"{variant(cfg.loss_type, cfg.beta, cfg.label_smoothing)} on {len(train):,} training pairs "
           f"({len(train_rows) - len(train)} too long dropped), {len(val):,} held out; {cfg.steps} steps of "
           f"{cfg.batch_size} pairs ({cfg.steps * cfg.batch_size / len(train):.2f} epochs), lr {cfg.lr:g}; "
@@ -347,11 +357,11 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
             eval_seconds += time.perf_counter() - t_eval
             if not cfg.quiet:
                 tqdm.write(f"step {step + 1}: held-out gold {result['gold']:.3f}, KL {result['kl']:.2f} nats")
-            save_gpt(policy, out / "last")
+            common.save_last(out, weights)
             common.save_state(run, cfg, step + 1, optimizer, weights, before=json.dumps(before))
     seconds = time.perf_counter() - t_start
     after = result if result is not None else evaluate(cfg.steps, record=False)  # resumed after its last step
-    save_gpt(policy, out)
+    common.save_policy(policy, out)  # a LoRA policy with its adapters folded in
     tok.save(out)
     outcome = {"before": before, "after": after, "seconds": seconds, "eval_seconds": eval_seconds, "memory": memory}
     result = report(cfg, run, policy, tok, pairs, outcome)

@@ -102,6 +102,9 @@ from llm_from_scratch.train import load_gpt, save_gpt
 RL_RUNS = {"REINFORCE": ("reinforce-baseline", "reinforce-baseline", []), "RLOO": ("rloo", "rloo", []),
            "GRPO": ("grpo", "grpo", []), "RLOO, β = 0": ("rloo_beta0", "rloo", ["--beta", "0", "--lr", "1e-4"])}
 CHAPTER_RUNS = {"PPO": "ppo_stories", "DPO": "dpo", "RLOO (word problems)": "pg_word-problems_rloo"}
+# appendix A's LoRA runs of chapters 8 and 9 (--lora-rank R), shown beside the full fine-tuning they mirror when
+# present and finished: their "weights held" has no second copy for the reference
+LORA_RUNS = {"PPO, LoRA r={}": "ppo_stories_lora{}", "DPO, LoRA r={}": "dpo_lora{}"}
 BON_SHOWN = (4, 16, 64)  # the best-of-N rows of the table (the frontier draws every power of 2)
 
 
@@ -177,6 +180,19 @@ def rl_runs(args, out: Path) -> dict[str, Path]:
         run_all.run_chapter("ch07_policy_gradient.py", args.quick, args.quiet, env, args.no_resume, argv)
         atomic_write_text(made, json.dumps(record))
     return folders
+
+
+def lora_dirs(root: Path, quick: bool) -> dict[str, Path]:
+    """Appendix A's finished LoRA runs of chapters 8 and 9 in `root` (runs/ppo_stories_lora<R>, runs/dpo_lora<R>),
+    by label; none are built (the arena's own rows need no LoRA)."""
+    found = {}
+    for label, pattern in LORA_RUNS.items():
+        for folder in sorted(root.glob(pattern.format("*"))):
+            rank = folder.name.rsplit("lora", 1)[1]
+            done = finished_run(folder)
+            if rank.isdigit() and done and done.get("quick", False) == quick:
+                found[label.format(rank)] = folder
+    return found
 
 
 class Arena(NamedTuple):
@@ -606,6 +622,7 @@ def main(argv=None) -> dict:
     sft_dir = prerequisite("sft", args.quick, build=build)
     rm_dir = prerequisite("reward_model", args.quick, build=build)
     chapter_dirs = {name: prerequisite(stage, args.quick, build=build) for name, stage in CHAPTER_RUNS.items()}
+    chapter_dirs.update(lora_dirs(root, args.quick))
     for folder in (sft_dir, rm_dir, *chapter_dirs.values()):
         require_real(folder, args.quick)
     out.mkdir(parents=True, exist_ok=True)
@@ -645,7 +662,8 @@ def main(argv=None) -> dict:
             for n, row in bon_rows.items():
                 table[f"best-of-{n}"] = row
                 texts[f"best-of-{n}"] = row["texts"]
-    order = ["SFT"] + [f"best-of-{n}" for n in bon_rows] + ["RFT", *RL_RUNS, "PPO", "DPO", "RLOO (word problems)"]
+    order = (["SFT"] + [f"best-of-{n}" for n in bon_rows] + ["RFT", *RL_RUNS, "PPO", "DPO"]
+             + [name for name in chapter_dirs if "LoRA" in name] + ["RLOO (word problems)"])
     table = {k: table[k] for k in order}
     for name, row in table.items():  # diversity over the same number of texts for every row: one per prompt
         row["distinct_1"], row["distinct_2"] = distinct_n(texts[name], 1), distinct_n(texts[name], 2)
@@ -662,7 +680,8 @@ def main(argv=None) -> dict:
     for n in bon_rows:
         seconds[f"best-of-{n}"] = f"none ({n} samples per answer)"
     trajectories = {name: trajectory(name, folder) for name, folder in
-                    {"RFT": rft_dir, **rl_dirs, "PPO": chapter_dirs["PPO"], "DPO": chapter_dirs["DPO"]}.items()}
+                    {"RFT": rft_dir, **rl_dirs, **{k: v for k, v in chapter_dirs.items() if k != "RLOO (word problems)"}
+                     }.items()}
     sizes = {k: v["bytes"] for k, v in ppo.weights_held({"policy": sft, "reward model": rm}).items()}
     folders = {"RFT": rft_dir, **rl_dirs, **chapter_dirs}
     held = {name: weights_held(name, folders.get(name), sizes) for name in table if name != "SFT"}

@@ -29,12 +29,13 @@ from typing import NamedTuple
 
 import torch
 
-from llm_from_scratch import dataset_files, gold_rewards
+from llm_from_scratch import dataset_files, gold_rewards, gpt2_weights, lora
 from llm_from_scratch.checkpoint import (
     atomic_write_text,
     load_state,
     load_train_state,
     read_jsonl,
+    save_tensors,
     save_train_state,
     truncate_metrics,
 )
@@ -50,7 +51,7 @@ from llm_from_scratch.course import (
 )
 from llm_from_scratch.data import tinyworld_dir
 from llm_from_scratch.device import pick_device
-from llm_from_scratch.train import require_finite
+from llm_from_scratch.train import load_gpt, require_finite, save_gpt
 
 # ----------------------------------------------------------------------------- the RL tasks
 
@@ -144,6 +145,16 @@ class CommonFlags:
     no_build: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class LoRAFlags:
+    """--lora-rank, --lora-alpha, --lora-targets of chapters 7-9 (cli.add_lora_args; appendix A): with a rank, the
+    policy trains low-rank adapters on its frozen SFT weights, and its reference is the same network with the
+    adapters off (lora.AdaptersOff), not a second copy."""
+    lora_rank: int = 0  # 0: every weight trains, and the reference is a second, frozen copy
+    lora_alpha: float | None = None  # None: 2 · rank
+    lora_targets: str = "all"
+
+
 # the fields a run's flags record leaves out: CommonFlags', and the model a run starts from (--init; its seed k in a
 # sweep)
 PLUMBING = (*(f.name for f in dataclasses.fields(CommonFlags)), "init")
@@ -151,8 +162,11 @@ PLUMBING = (*(f.name for f in dataclasses.fields(CommonFlags)), "init")
 
 def flags_record(cfg) -> dict:
     """The config dataclass's fields that decide what a run computes, as JSON values: eval.json keeps them, and a
-    finished or interrupted run is reused only when they are the same."""
-    return json.loads(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k not in PLUMBING}, default=str))
+    finished or interrupted run is reused only when they are the same. A run without LoRA records no LoRA flags, so
+    the runs made before appendix A existed are still the same runs."""
+    flags = {k: v for k, v in dataclasses.asdict(cfg).items()
+             if k not in PLUMBING and not (k.startswith("lora_") and not getattr(cfg, "lora_rank", 0))}
+    return json.loads(json.dumps(flags, default=str))
 
 
 def origin(run: Run) -> dict:
@@ -210,6 +224,63 @@ def resume(run: Run, cfg, models: dict[str, torch.nn.Module], optimizer: torch.o
     return state
 
 
+def policy_and_reference(cfg, run: Run, tok) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The policy, from the SFT model in run.init (dropout off), and the reference of its KL: a second, frozen copy
+    of that model; or, with --lora-rank, LoRA adapters on the policy's frozen weights and the same network with the
+    adapters off as the reference (lora.AdaptersOff: no second copy of the weights)."""
+    policy = load_gpt(run.init, device=run.device, vocab_size=tok.vocab_size, dropout=0.0)
+    base = add_lora(cfg, policy)
+    if base is not None:
+        return policy, base
+    reference = load_gpt(run.init, device=run.device, vocab_size=tok.vocab_size, dropout=0.0)
+    return policy, reference.requires_grad_(False)
+
+
+def add_lora(cfg, policy: torch.nn.Module) -> lora.AdaptersOff | None:
+    """With --lora-rank: adapters on the policy (in place; everything else frozen), and its base model seen through
+    it, the reference (lora.AdaptersOff). Without: None, and the policy as it was."""
+    if not cfg.lora_rank:
+        return None
+    lora.apply_lora(policy, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+    layers = lora.adapted_layers(policy)
+    trained = sum(p.numel() for p in lora.trainable_parameters(policy))
+    print(f"LoRA: rank {cfg.lora_rank}, alpha {next(iter(layers.values())).alpha:g} on {len(layers)} layers "
+          f"({cfg.lora_targets}): {trained:,} trained parameters of {policy.num_params():,}; the reference is the "
+          "same network with the adapters off")
+    return lora.AdaptersOff(policy)
+
+
+def policy_held(cfg, policy: torch.nn.Module, reference: torch.nn.Module | None) -> dict[str, torch.nn.Module]:
+    """The policy and its reference as `ppo.weights_held` counts them: two networks (reference None: not held, its
+    log-probs cached), or with --lora-rank one, whose adapters switched off are the reference."""
+    if cfg.lora_rank:
+        return {"policy + LoRA (adapters off: the reference)": policy}
+    return {"policy": policy, **({"reference": reference} if reference is not None else {})}
+
+
+def last_weights(policy: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """What `out/last/` holds of the policy to resume (file -> module, as `resume` and `save_state` take them): the
+    whole model, or of a LoRA policy only its adapters (its frozen weights are run.init's)."""
+    return {"adapters.safetensors": lora.Adapters(policy)} if lora.adapted_layers(policy) else {
+        "model.safetensors": policy}
+
+
+def save_last(out: Path, weights: dict[str, torch.nn.Module]) -> None:
+    """The weights of `weights` (file -> module) into `out/last/`: written before `save_state`, which records their
+    digests."""
+    for file, module in weights.items():
+        save_tensors(out / "last" / file, module.state_dict())
+
+
+def save_policy(policy: torch.nn.Module, folder: Path) -> None:
+    """The trained policy as a GPT checkpoint, what later chapters load: as it is, or a LoRA policy with its adapters
+    folded in (and the adapters alone beside it, adapters.safetensors)."""
+    if lora.adapted_layers(policy):
+        lora.save_merged(policy, folder)
+    else:
+        save_gpt(policy, folder)
+
+
 def require_finite_metrics(metrics: dict, keys: tuple[str, ...], step: int, out: Path) -> None:
     """Stop the run when a loss came out NaN or infinite (train.require_finite), naming the step and the last
     checkpoint in `out/last/` it can resume from (a key missing from `metrics`, a skipped update's, is not checked)."""
@@ -242,12 +313,29 @@ def save_state(run: Run, cfg, step: int, optimizer: torch.optim.Optimizer, model
 # ----------------------------------------------------------------------------- seed sweeps
 
 
+def init_folder(path: Path, quick: bool) -> Path:
+    """--init as given: a checkpoint of this course; or a Hugging Face GPT-2 folder (a config.json of model_type
+    "gpt2", appendix C), imported once into runs/imported/<its name> (gpt2_weights.import_hf_gpt2: its weights, and
+    GPT-2's tokenizer with the course's special tokens and chat template) and started from there."""
+    config = Path(path) / "config.json"
+    try:
+        meta = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    except json.JSONDecodeError:
+        meta = {}  # the checkpoint loader names the broken file
+    if not (isinstance(meta, dict) and meta.get("model_type") == "gpt2" and "kind" not in meta):
+        return Path(path)
+    dst = runs_root(quick) / "imported" / Path(path).resolve().name
+    print(f"--init {shown(Path(path))} is a Hugging Face GPT-2 folder: importing it into {shown(dst)} (appendix C; "
+          "done once)")
+    return gpt2_weights.import_hf_gpt2(path, dst)
+
+
 def runs_of(cfg, name: str) -> list[Run]:
     """The runs a command makes: one into --out (default runs/<name>) from --init (default chapter 5's SFT run, built
     when missing), or with --seeds N one per seed k into runs/<name>_seeds/seed<k> from chapter 5's seed k."""
     root, device = runs_root(cfg.quick), pick_device(cfg.device)
     if not cfg.seeds:
-        init = cfg.init or prerequisite("sft", cfg.quick, build=not cfg.no_build)
+        init = init_folder(cfg.init, cfg.quick) if cfg.init else prerequisite("sft", cfg.quick, build=not cfg.no_build)
         require_real(init, cfg.quick)
         return [Run(cfg.out or root / name, cfg.seed, init, device)]
     sft_sweep = sft_seed_sweep(root, cfg.seeds)

@@ -146,10 +146,11 @@ class CheckpointError(ValueError):
         self.folder = None if folder is None else Path(folder)
 
 
-def save_model(model: nn.Module, folder: str | os.PathLike, kind: str, config: dict) -> Path:
-    """`model.safetensors` (the state dict) + `config.json` ({"kind", "config"}) in `folder`, both atomic."""
+def save_model(model: nn.Module, folder: str | os.PathLike, kind: str, config: dict, state: dict | None = None) -> Path:
+    """`model.safetensors` (the state dict, or `state` in its place) + `config.json` ({"kind", "config"}) in
+    `folder`, both atomic."""
     folder = Path(folder)
-    save_tensors(folder / "model.safetensors", model.state_dict())
+    save_tensors(folder / "model.safetensors", model.state_dict() if state is None else state)
     atomic_write_text(folder / "config.json", json.dumps({"kind": kind, "config": config}, indent=2) + "\n")
     return folder
 

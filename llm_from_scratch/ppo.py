@@ -156,8 +156,10 @@ class PolicyValue(nn.Module):
         h = self.gpt.trunk(ids, attention_mask)  # (B, T, C)
         return self.gpt.lm_head(h), self.value_head(h).squeeze(-1)
 
-    def save(self, folder: str | Path) -> Path:
-        return save_model(self, folder, "policy_value", asdict(self.gpt.config))
+    def save(self, folder: str | Path, state: dict | None = None) -> Path:
+        """A "policy_value" checkpoint (`state`: a state dict to write in place of this module's own, e.g. with LoRA
+        adapters folded in)."""
+        return save_model(self, folder, "policy_value", asdict(self.gpt.config), state)
 
     @classmethod
     def load(cls, folder: str | Path, device: str | torch.device = "cpu", vocab_size: int | None = None) -> PolicyValue:
@@ -203,6 +205,7 @@ def make_optimizer(policy: nn.Module, critic: nn.Module | None, lr: float, criti
         groups = [list(policy.gpt.parameters()), list(policy.value_head.parameters())]
     else:
         groups = [list(policy.parameters()), list(critic.parameters())]
+    groups = [[p for p in g if p.requires_grad] for g in groups]  # a frozen weight (LoRA's base) needs no state
     return torch.optim.AdamW([{"params": groups[0], "lr": lr}, {"params": groups[1], "lr": critic_lr}],
                              betas=(0.9, 0.95), weight_decay=0.0)
 

@@ -304,8 +304,22 @@ class Tokenizer:
         return cls.from_ranks(train_bpe(text, n_ordinary, pattern, progress=progress), pattern=pattern)
 
     @classmethod
-    def gpt2(cls) -> Tokenizer:
-        """tiktoken's GPT-2 encoding (50,257 tokens) plus `<|pad|>`, `<|user|>`, `<|assistant|>` after it."""
+    def gpt2(cls, folder: str | os.PathLike | None = None) -> Tokenizer:
+        """GPT-2's BPE (50,257 tokens: 50,256 ordinary ones and `<|endoftext|>`, the EOS) plus `<|pad|>`,
+        `<|user|>`, `<|assistant|>` after it.
+
+        folder=None: tiktoken's "gpt2" encoding (downloaded once by tiktoken, then cached). A folder: built offline
+        from the `vocab.json` of a Hugging Face GPT-2 folder (appendix C). For GPT-2 the id of a token in vocab.json
+        IS its BPE rank (the merges were numbered in the order they were learned, after the 256 single bytes), so
+        the ranks are vocab.json read back into bytes; merges.txt is not needed. Special tokens of the course already
+        in vocab.json (a model this course exported) keep their ids; the others follow the largest id."""
+        if folder is not None:
+            ranks, specials = _gpt2_vocab_ranks(Path(folder) / "vocab.json")
+            next_id = max([*ranks.values(), *specials.values()]) + 1
+            for tok in SPECIAL_TOKENS:
+                if tok not in specials:
+                    specials[tok], next_id = next_id, next_id + 1
+            return cls.from_ranks(ranks, special_tokens=specials, pattern=GPT2_SPLIT_PATTERN, name="gpt2-llmfs")
         try:
             base = tiktoken.get_encoding("gpt2")
         except Exception as err:  # no network, no cache
@@ -314,7 +328,9 @@ class Tokenizer:
                 "files once and caches them in the folder named by the TIKTOKEN_CACHE_DIR environment variable "
                 "(default: a 'data-gym-cache' folder in the system temp dir). Offline, run "
                 "`TIKTOKEN_CACHE_DIR=/some/dir python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\"` on a "
-                "machine with internet, copy /some/dir here and set TIKTOKEN_CACHE_DIR to it. "
+                "machine with internet, copy /some/dir here and set TIKTOKEN_CACHE_DIR to it; or pass "
+                "Tokenizer.gpt2(folder) a folder holding GPT-2's vocab.json (from "
+                "https://huggingface.co/openai-community/gpt2). "
                 f"(cause: {type(err).__name__}: {err})"
             ) from err
         specials = {EOS_TOKEN: base.eot_token}
@@ -399,6 +415,59 @@ class Tokenizer:
                                  f"got {line!r}") from err
         return cls.from_ranks(ranks, special_tokens=specials, pattern=pattern, name=name)
 
+
+
+# ----------------------------------------------------------------------------- GPT-2's vocab.json (appendix C)
+
+
+def _gpt2_byte_to_char() -> dict[int, str]:
+    """GPT-2's table byte -> printable character (`bytes_to_unicode` in OpenAI's encoder.py).
+
+    vocab.json and merges.txt spell every token's bytes as a string, one character per byte, chosen to be printable:
+    the 188 bytes that print as themselves ("!" to "~", "¡" to "¬", "®" to "ÿ") keep their character, and the 68
+    others (control bytes, the space, ...) get chr(256), chr(257), ... in byte order. So a space is "Ġ" (chr(288)),
+    a newline "Ċ", and " the" is spelled "Ġthe"."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+def _gpt2_vocab_ranks(path: Path) -> tuple[dict[bytes, int], dict[str, int]]:
+    """vocab.json {spelled token: id} -> (ranks {token bytes: id}, the course's special tokens found in it)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"Tokenizer.gpt2: {path} does not exist (expected GPT-2's vocab.json, from "
+                                "https://huggingface.co/openai-community/gpt2/resolve/main/vocab.json)")
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"Tokenizer.gpt2: {path} is not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        raise ValueError(f"Tokenizer.gpt2: {path} is not a vocabulary: expected one JSON object {{token: id}}")
+    specials = {tok: vocab.pop(tok) for tok in SPECIAL_TOKENS if tok in vocab}
+    char_to_byte = {c: b for b, c in _gpt2_byte_to_char().items()}
+    ranks: dict[bytes, int] = {}
+    for spelled, i in vocab.items():
+        bad = [c for c in spelled if c not in char_to_byte]
+        if bad:
+            raise ValueError(f"Tokenizer.gpt2: {path}: token {spelled!r} (id {i}) has {bad[0]!r}, which is not a "
+                             "character of GPT-2's byte alphabet (bytes_to_unicode)")
+        token = bytes(char_to_byte[c] for c in spelled)
+        if token in ranks:
+            raise ValueError(f"Tokenizer.gpt2: {path}: ids {ranks[token]} and {i} spell the same bytes {token!r}")
+        ranks[token] = i
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise ValueError(f"Tokenizer.gpt2: {path} lacks {len(missing)} of the 256 single bytes (first: byte "
+                         f"{missing[0]}, spelled {_gpt2_byte_to_char()[missing[0]]!r}): some text could not be encoded")
+    ids = [*ranks.values(), *specials.values()]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"Tokenizer.gpt2: {path} gives one id to two tokens")
+    return ranks, specials
 
 
 # ----------------------------------------------------------------------------- the chat template and padding

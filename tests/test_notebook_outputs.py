@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted((ROOT / "notebooks").glob("[A-Z]_*.ipynb"))
 
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~])(/(home|Users|tmp|work|root|private|var/folders|mnt|opt)/[\w.\-/]+"
                            r"|[A-Za-z]:\\\\[\w.\-\\]+)")
@@ -169,7 +169,8 @@ def test_solution_cells_are_committed_without_outputs(path):
     assert solution_cells_with_outputs(nbformat.read(path, as_version=4)) == []
 
 
-CHAIN_NOTEBOOKS = [p for p in NOTEBOOKS if p.name[:2] in ("05", "06", "07", "08", "09", "10")]
+# chapters 5-10, and appendix A (its LoRA runs start from the same SFT model)
+CHAIN_NOTEBOOKS = [p for p in NOTEBOOKS if p.name[:2] in ("05", "06", "07", "08", "09", "10", "A_")]
 DIGEST = re.compile(r"sha256 of its weights: ([0-9a-f]{12})\b")
 
 
@@ -200,9 +201,10 @@ def test_the_digest_check_reads_the_first_output():
 
 
 def test_notebooks_05_to_10_read_one_sft_model():
-    """Issue 26's one chain: every committed notebook of chapters 5-10 printed, in its first output, the digest of the
-    SFT weights it read, and it is the same digest in all of them (one course run, not two stitched together)."""
-    assert len(CHAIN_NOTEBOOKS) == 6, [p.name for p in CHAIN_NOTEBOOKS]
+    """Issue 26's one chain: every committed notebook of chapters 5-10 and appendix A printed, in its first output,
+    the digest of the SFT weights it read, and it is the same digest in all of them (one course run, not two stitched
+    together)."""
+    assert len(CHAIN_NOTEBOOKS) == 7, [p.name for p in CHAIN_NOTEBOOKS]
     digests = sft_digests([(p.name, nbformat.read(p, as_version=4)) for p in CHAIN_NOTEBOOKS])
     missing = [name for name, d in digests.items() if d is None]
     assert not missing, f"no SFT digest in the first output of {missing}: execute them on the course's chain"

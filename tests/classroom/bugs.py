@@ -324,3 +324,28 @@ BUGS.update({
          "completion_mask.to(logp.dtype)).mean(dim=1)"),
     ],
 })
+BUGS.update({
+    # ---------------------------------------------------------------- appendix A
+    "lora.LoRALinear.forward": [
+        ("scaled by α, not α / r", "y = y + (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale",
+         "y = y + (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.alpha"),
+        ("the adapters never switch off (the reference is the policy)", "if self.enabled and not self.merged:",
+         "if not self.merged:"),
+        ("a merged adapter added a second time", "if self.enabled and not self.merged:", "if self.enabled:"),
+        ("dropout on the layer's output, base path included",
+         "y = y + (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale",
+         "y = self.dropout(y + (x @ self.lora_A.T @ self.lora_B.T) * self.scale)"),
+        ("the update subtracted", "y = y + (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale",
+         "y = y - (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale"),
+    ],
+    # ---------------------------------------------------------------- appendix C
+    "gpt2_weights.hf_to_ours": [
+        ("the Conv1D weights not transposed", 'transpose = parts[-1] == "weight" and parts[-2] in CONV1D',
+         "transpose = False"),
+        ("only the non-square ones transposed (attn.c_proj left as stored)",
+         'transpose = parts[-1] == "weight" and parts[-2] in CONV1D',
+         'transpose = parts[-1] == "weight" and parts[-2] in CONV1D and ".attn.c_proj" not in name'),
+        ("the transformer. prefix kept", 'name = name[len("transformer."):]', "pass"),
+        ("h.{i} not renamed blocks.{i}", 'name = "blocks." + name[len("h."):]', "pass"),
+    ],
+})
