@@ -177,7 +177,7 @@ def transformers_logit_diff(folder: Path, model: GPT, ids: torch.Tensor) -> floa
         return None
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    hf = transformers.GPT2LMHeadModel.from_pretrained(folder, local_files_only=True).eval()
     with torch.no_grad():
         theirs = hf(ids.cpu()).logits  # (1, T, V)
         ours = model.eval()(ids).cpu()

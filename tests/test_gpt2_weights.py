@@ -301,7 +301,7 @@ def test_our_export_loads_into_transformers_with_equal_logits_and_generations(tm
     with safetensors_torch.safe_open(str(folder / "model.safetensors"), "pt") as f:
         assert f.metadata() == {"format": "pt"}
         assert all(name.startswith("transformer.") for name in f.keys())  # as save_pretrained writes them
-    hf, info = transformers.GPT2LMHeadModel.from_pretrained(folder, output_loading_info=True)
+    hf, info = transformers.GPT2LMHeadModel.from_pretrained(folder, output_loading_info=True, local_files_only=True)
     hf.eval()
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     ids = ids_batch()
@@ -390,7 +390,7 @@ def test_tokenizer_from_vocab_json_has_gpt2s_ranks_and_the_course_special_tokens
 
 def test_tokenizer_from_vocab_json_matches_transformers(hf_dir):
     tok = Tokenizer.gpt2(hf_dir)
-    theirs = transformers.GPT2TokenizerFast.from_pretrained(str(hf_dir))
+    theirs = transformers.GPT2TokenizerFast.from_pretrained(str(hf_dir), local_files_only=True)
     for text in PROMPTS + ["  won't   you\n\ncome? héllo 🙂", "The owl's 42 kites!!"]:
         assert tok.encode(text) == theirs.encode(text), text
 
@@ -403,7 +403,7 @@ def test_save_hf_vocab_writes_gpt2s_files_back(tmp_path, merges, hf_dir):
     assert back.ranks == tok.ranks and back.special_tokens == tok.special_tokens
     gw.save_hf_vocab(tmp_path / "gpt2_like", ranks_from_merges(merges), {"<|endoftext|>": V - 1})
     assert (tmp_path / "gpt2_like" / "merges.txt").read_text() == (hf_dir / "merges.txt").read_text()
-    theirs = transformers.GPT2TokenizerFast.from_pretrained(str(folder))
+    theirs = transformers.GPT2TokenizerFast.from_pretrained(str(folder), local_files_only=True)
     text = "<|user|>Mia found a kite<|assistant|>in the park<|endoftext|>"
     assert theirs.encode(text) == tok.encode(text, allowed_special="all")
 
