@@ -16,6 +16,10 @@ Runs resume: run the same command again after Ctrl-C and it continues where it s
     python chapters/ch04_pretrain.py                 # the default run: about 5 minutes on 2 CPU cores
     python chapters/ch04_pretrain.py --quick         # a smoke run (also LLMFS_QUICK=1)
     python chapters/ch04_pretrain.py --text my.txt   # any UTF-8 corpus (trains a tokenizer for it)
+    torchrun --standalone --nproc_per_node=2 chapters/ch04_pretrain.py   # 2 processes (GPUs, or CPU with gloo)
+
+Under torchrun the --batch-size is the global batch, shared out between the processes (distributed.py): the same
+run, the same losses, on 1 or W processes.
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ import numpy as np
 import torch
 
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
-from llm_from_scratch import dataset_files
+from llm_from_scratch import dataset_files, distributed
 from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, quick_mode, runs_root, shown, start_run, write_summary
 from llm_from_scratch.data import WindowSampler, document_windows, read_text, tinyworld_dir
-from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
+from llm_from_scratch.device import choose_dtype, seed_everything
 from llm_from_scratch.generation import generate
 from llm_from_scratch.model import GPT, PRESETS, GPTConfig
 from llm_from_scratch.plots import loss_plot
@@ -109,12 +113,13 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     root = runs_root(args.quick)
     out = args.out or root / "pretrain"
-    if args.no_resume and out.exists():
+    device = distributed.setup(args.device)  # pick_device, and the process group under torchrun
+    if args.no_resume and out.exists() and distributed.is_main():
         shutil.rmtree(out)
-    device = pick_device(args.device)
     seed_everything(args.seed)
 
-    tok, train_ids, val_ids, floor = load_corpus(args)
+    with distributed.main_first():  # rank 0 builds what is missing (data, tokenizer); the others then read it
+        tok, train_ids, val_ids, floor = load_corpus(args)
     preset = dict(PRESETS[args.preset])
     if args.context > preset["context_length"]:
         raise ValueError(f"--context {args.context} is longer than the {args.preset} preset's "
@@ -126,7 +131,8 @@ def main(argv=None) -> dict:
     dtype = choose_dtype(args.dtype, device)  # auto: float32 on a CPU, the same on every CPU (device.py)
     why = " (auto)" if args.dtype == "auto" else ""
     compile_ = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
-    print(f"device {device} | precision {dtype}{why} | compile {'on' if compile_ else 'off'}"
+    processes = f" | {distributed.world_size()} processes" if distributed.world_size() > 1 else ""
+    print(f"device {device}{processes} | precision {dtype}{why} | compile {'on' if compile_ else 'off'}"
           f" | {model.num_params():,} parameters | {len(train_ids):,} training tokens, "
           f"{len(val_ids):,} validation tokens")
     if floor is not None:
@@ -153,12 +159,15 @@ def main(argv=None) -> dict:
     before = samples(model, tok, temperature=1.0) if not resuming else []
     for s in before:
         print("  before | " + s.replace("\n", " "))
-    start_run(out)  # until this run finishes, the folder holds no finished run
-    tok.save(out)
+    if distributed.is_main():
+        start_run(out)  # until this run finishes, the folder holds no finished run
+        tok.save(out)
     t0 = time.perf_counter()
     summary = train(model, cfg, sampler.batch, val_batches, out, resume=True, quiet=args.quiet,
                     on_eval=lambda step, m: {"samples": samples(m, tok, temperature=0.0)})
     seconds = time.perf_counter() - t0
+    if not distributed.is_main():  # rank 0 samples, plots and writes the summary
+        return summary
 
     best = load_gpt(out, device=device, vocab_size=tok.vocab_size)
     after = samples(best, tok, temperature=0.8, seed=1)
@@ -169,6 +178,7 @@ def main(argv=None) -> dict:
     result = {"preset": args.preset, "params": model.num_params(), "steps": args.steps, "seconds_this_run": seconds,
               "tokens": summary["tokens"], "best_val_loss": summary["best_val"], "entropy_floor": floor,
               "gap_to_floor": None if floor is None else summary["best_val"] - floor, "device": str(device),
+              "processes": distributed.world_size(),
               "precision": cfg.dtype, "compile": compile_,
               "validation": "document windows" if floor is not None else "random windows"}
     atomic_write_text(out / "report.md", report(result, before, after))

@@ -13,6 +13,10 @@ spread (min / median / max) of each headline number: one lucky run is not a resu
     python chapters/ch05_sft.py              # the default run: about 6 minutes on 2 CPU cores
     python chapters/ch05_sft.py --seeds 5    # the seed sweep behind the README's spread
     python chapters/ch05_sft.py --quick      # a smoke run (also LLMFS_QUICK=1)
+    torchrun --standalone --nproc_per_node=2 chapters/ch05_sft.py   # 2 processes share each batch
+
+Under torchrun the --batch-size is the global batch, shared out between the processes (distributed.py); rank 0
+evaluates and writes, and every rank returns its result.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import matplotlib.pyplot as plt
 
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import common  # chapters/common.py: seed sweeps
-from llm_from_scratch import dataset_files
+from llm_from_scratch import dataset_files, distributed
 from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
 from llm_from_scratch.course import (
     finished_run,
@@ -39,7 +43,7 @@ from llm_from_scratch.course import (
     write_summary,
 )
 from llm_from_scratch.data import tinyworld_dir
-from llm_from_scratch.device import choose_dtype, pick_device, seed_everything
+from llm_from_scratch.device import choose_dtype, seed_everything
 from llm_from_scratch.plots import loss_plot, save
 from llm_from_scratch.sft import SFTBatches, evaluate_tasks
 from llm_from_scratch.tokenizer import Tokenizer
@@ -97,14 +101,17 @@ def table(summary: dict) -> str:
 
 def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None = None) -> dict:
     """One SFT run with `seed` into `out`: train, keep the best checkpoint by validation loss, evaluate, report."""
-    if args.no_resume and out.exists():
+    main = distributed.is_main()
+    if args.no_resume and out.exists() and main:
         shutil.rmtree(out)
+    distributed.barrier()  # no rank looks into `out` before rank 0 has cleared it
     seed_everything(seed)
     tok = Tokenizer.load(init)
     model = load_gpt(init, device=device, vocab_size=tok.vocab_size)
 
     sizes = dataset_files.QUICK_SIZES if args.quick else {}
-    paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
+    with distributed.main_first():  # rank 0 writes the datasets if they are missing, the others read them
+        paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
     train_examples = read_jsonl(paths["sft_train"])
     val_examples = read_jsonl(paths["sft_val"])
     eval_set = val_examples[: args.eval_examples]
@@ -117,24 +124,28 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
           f"{'prompt and response' if args.train_on_prompt else 'the response only'}")
 
     dtype = choose_dtype(args.dtype, device)  # auto: float32 on a CPU, the same on every CPU (device.py)
-    print(f"precision {dtype}")
-    start_run(out)  # until this run finishes, the folder holds no finished run
-    if before is None and (out / "eval_before.json").is_file() and (out / "last" / "train_state.pt").is_file():
-        before = json.loads((out / "eval_before.json").read_text())  # a resumed run
-    if before is None:
-        before, _ = evaluate_tasks(model, tok, eval_set)
-        print("before SFT:\n" + table(before))
-    atomic_write_text(out / "eval_before.json", json.dumps(before, indent=2))
+    print(f"precision {dtype}" + (f", {distributed.world_size()} processes" if distributed.world_size() > 1 else ""))
+    if main:  # rank 0 evaluates and writes; the others only train
+        start_run(out)  # until this run finishes, the folder holds no finished run
+        if before is None and (out / "eval_before.json").is_file() and (out / "last" / "train_state.pt").is_file():
+            before = json.loads((out / "eval_before.json").read_text())  # a resumed run
+        if before is None:
+            before, _ = evaluate_tasks(model, tok, eval_set)
+            print("before SFT:\n" + table(before))
+        atomic_write_text(out / "eval_before.json", json.dumps(before, indent=2))
 
     cfg = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
                       warmup_steps=args.warmup, eval_interval=max(10, args.steps // 5),
                       checkpoint_interval=max(10, args.steps // 5), log_interval=10, eval_batches=10, dtype=dtype,
                       seed=seed)
-    tok.save(out)
+    if main:
+        tok.save(out)
     t0 = time.perf_counter()
     train(model, cfg, batches.batch, lambda: [val_batches.batch(i) for i in range(cfg.eval_batches)], out,
           quiet=args.quiet)
     seconds = time.perf_counter() - t0
+    if not main:
+        return distributed.broadcast_object(None)  # rank 0's result, once it has evaluated and written the run
 
     best = load_gpt(out, device=device, vocab_size=tok.vocab_size)
     after, rows = evaluate_tasks(best, tok, eval_set)
@@ -150,7 +161,8 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
             samples.append(f"| {r['task']} | {table_cell(r['prompt'])} | {table_cell(r['response'])} | "
                            f"{r['reward']:.2f} |")
     result = {"before": before, "after": after, "seconds": seconds, "steps": args.steps, "seed": seed, "lr": args.lr,
-              "train_on_prompt": args.train_on_prompt, "device": str(device), "precision": dtype}
+              "train_on_prompt": args.train_on_prompt, "device": str(device), "precision": dtype,
+              "processes": distributed.world_size()}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
     atomic_write_text(out / "samples.md", "\n".join(samples) + "\n")
     atomic_write_text(out / "report.md", "\n".join([
@@ -161,7 +173,7 @@ def sft_run(args, out: Path, seed: int, init: Path, device, before: dict | None 
         f"![accuracy]({out.name}/accuracy.png) ![loss]({out.name}/loss.png)", "", "\n".join(samples), ""]))
     write_summary(out, {k: v for k, v in result.items() if k != "before"}, args.quick)  # last: marks the run finished
     print(f"trained in {seconds / 60:.1f} min; model in {shown(out)}")
-    return result
+    return distributed.broadcast_object(result)
 
 
 def table_cell(text: str, width: int = 160) -> str:
@@ -194,9 +206,10 @@ def spread_rows(results: list[dict]) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     root = runs_root(args.quick)
-    device = pick_device(args.device)
-    init = common.init_folder(args.init, args.quick) if args.init else prerequisite("pretrain", args.quick,
-                                                                                   build=not args.no_build)
+    device = distributed.setup(args.device)  # pick_device, and the process group under torchrun
+    with distributed.main_first():  # rank 0 builds a missing prerequisite, the others find it
+        init = common.init_folder(args.init, args.quick) if args.init else prerequisite("pretrain", args.quick,
+                                                                                       build=not args.no_build)
     require_real(init, args.quick)
     if not args.seeds:
         return sft_run(args, args.out or root / "sft", args.seed, init, device)

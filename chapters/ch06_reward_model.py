@@ -10,6 +10,10 @@ metrics.jsonl, the figures, sft_samples.jsonl (every scored SFT sample), report.
 
     python chapters/ch06_reward_model.py            # the default run: about 3 minutes on 2 CPU cores
     python chapters/ch06_reward_model.py --quick    # a smoke run (also LLMFS_QUICK=1)
+    torchrun --standalone --nproc_per_node=2 chapters/ch06_reward_model.py   # 2 processes share each batch of pairs
+
+Under torchrun --batch-size is the global batch (reward_model.train_reward_model shares it out); rank 0 alone
+evaluates the trained model, samples, plots and writes.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ import torch
 
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import common  # chapters/common.py: --init from a Hugging Face GPT-2 folder
-from llm_from_scratch import dataset_files, gold_rewards, preferences, tasks
+from llm_from_scratch import dataset_files, distributed, gold_rewards, preferences, tasks
 from llm_from_scratch.checkpoint import atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, quick_mode, require_real, runs_root, start_run, write_summary
 from llm_from_scratch.data import tinyworld_dir
-from llm_from_scratch.device import pick_device, seed_everything
+from llm_from_scratch.device import seed_everything
 from llm_from_scratch.plots import moving_average, save
 from llm_from_scratch.reward_model import (
     RewardConfig,
@@ -127,18 +131,21 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     root = runs_root(args.quick)
     out = args.out or root / "reward_model"
-    device = pick_device(args.device)
+    device = distributed.setup(args.device)  # pick_device, and the process group under torchrun
     seed_everything(args.seed)
-    init = common.init_folder(args.init, args.quick) if args.init else prerequisite("sft", args.quick,
-                                                                                   build=not args.no_build)
+    with distributed.main_first():  # rank 0 builds a missing prerequisite and the datasets, the others find them
+        init = common.init_folder(args.init, args.quick) if args.init else prerequisite("sft", args.quick,
+                                                                                       build=not args.no_build)
+        sizes = dataset_files.QUICK_SIZES if args.quick else {}
+        paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
     require_real(init, args.quick)
     tok = Tokenizer.load(init)
     sft = load_gpt(init, device=device, vocab_size=tok.vocab_size)
     rm = RewardModel(load_gpt(init, device=device, vocab_size=tok.vocab_size, dropout=0.0)).to(device)
-    start_run(out, fresh=("metrics.jsonl",))  # a reward-model run starts over: no summary, no old metrics
+    if distributed.is_main():
+        start_run(out, fresh=("metrics.jsonl",))  # a reward-model run starts over: no summary, no old metrics
+    distributed.barrier()
 
-    sizes = dataset_files.QUICK_SIZES if args.quick else {}
-    paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
     train_rows = load_preferences(paths["preferences_train"])
     val_rows = load_preferences(paths["preferences_val"])
     ctx = rm.gpt.config.context_length
@@ -149,11 +156,14 @@ def main(argv=None) -> dict:
     ceiling, gold_bt_loss = preferences.bayes_accuracy(val_rows), preferences.gold_loss(val_rows)
     print(f"{len(train_pairs):,} training pairs, {len(val_pairs):,} held-out pairs; "
           f"Bayes ceiling of the held-out labels {ceiling:.3f}, "
-          f"the gold reward's own loss on them {gold_bt_loss:.3f} nats")
+          f"the gold reward's own loss on them {gold_bt_loss:.3f} nats"
+          + (f"; {distributed.world_size()} processes" if distributed.world_size() > 1 else ""))
 
     cfg = RewardConfig(max_steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
                        warmup_steps=max(1, args.steps // 20), eval_interval=max(10, args.steps // 3), seed=args.seed)
     best = train_reward_model(rm, train_pairs, val_pairs, cfg, tok.pad_id, out, quiet=args.quiet)
+    if not distributed.is_main():  # rank 0 evaluates, samples and writes the rest; every rank returns its result
+        return distributed.broadcast_object(None)
     rm = RewardModel.load(out, device=device, vocab_size=tok.vocab_size)
     c, r = score_pairs(rm, val_pairs, tok.pad_id)
     margins = c - r
@@ -215,7 +225,7 @@ def main(argv=None) -> dict:
               "rm_gold_spearman": rank_corr,
               "disagreements": disagreements, "steps": args.steps, "batch_size": args.batch_size,
               "train_pairs": len(train_pairs), "seconds": best["seconds"], "seed": args.seed, "device": str(device),
-              "precision": "float32"}
+              "precision": "float32", "processes": distributed.world_size()}
     lines = ["## Chapter 6: the reward model", "",
              f"- held-out pairwise accuracy **{accuracy:.3f}**; Bayes ceiling of the noisy labels {ceiling:.3f}",
              f"- {args.steps} steps in {best['seconds'] / 60:.1f} min on {device}",
@@ -237,7 +247,7 @@ def main(argv=None) -> dict:
     lines += [f"| {d['rm']:+.2f} | {d['gold']:.2f} | {d['prompt']} | {d['response'][:150]} |" for d in disagreements]
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     write_summary(out, result, args.quick)  # last: marks the run finished
-    return result
+    return distributed.broadcast_object(result)
 
 
 if __name__ == "__main__":

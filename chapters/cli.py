@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from llm_from_scratch.checkpoint import CheckpointError
+from llm_from_scratch import distributed  # noqa: E402
+from llm_from_scratch.checkpoint import CheckpointError  # noqa: E402
 from llm_from_scratch.course import PrerequisiteError, rebuild_hint  # noqa: E402
 
 # the errors bad input causes (the library raises ValueError or FileNotFoundError for those, with a message that
@@ -112,3 +113,5 @@ def run(main, argv: list[str] | None = None):
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    finally:
+        distributed.cleanup()  # leave torchrun's process group, if the chapter joined one

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from llm_from_scratch.checkpoint import atomic_write_text
+from llm_from_scratch.distributed import TORCHRUN_VARIABLES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,6 +141,8 @@ def prerequisite(stage: str, quick: bool | None = None, build: bool = True, quie
     print(f"no finished {stage} run in {shown(folder)}: running "
           f"`{command}` with its defaults now ({'seconds' if quick else STAGES[stage][1]})", flush=True)
     env = dict(os.environ, LLMFS_QUICK="1" if quick else "0", PYTHONUNBUFFERED="1")
+    for name in TORCHRUN_VARIABLES:  # under torchrun (rank 0 builds it): the earlier chapter runs as one process
+        env.pop(name, None)
     script = str(REPO_ROOT / "chapters" / STAGES[stage][0])
     with subprocess.Popen([sys.executable, script] + (["--quiet"] if quiet else []),
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:

@@ -12,12 +12,19 @@
   machines and even between runs on one machine, and the course's chain of runs must be the same
   wherever it is rebuilt: so "auto" never races on a CPU. `--dtype bfloat16` asks for it; every run
   records its precision.
+* `keep_freed_memory()` stops glibc from handing large freed blocks back to the system after every step (Linux);
+  `train.train` calls it on a CPU. The numbers computed do not change; the step gets faster and the process keeps
+  more memory (its docstring says how much).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import os
 import random
+import sys
 
 import numpy as np
 import torch
@@ -109,3 +116,30 @@ def dtype_of(name: str) -> torch.dtype | None:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {name!r}")
     return torch.bfloat16 if name == "bfloat16" else None
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Let the memory allocator keep large freed blocks for the next step instead of giving them back (glibc only).
+
+    glibc serves every block over 32 MiB with a fresh mmap and unmaps it when it is freed. A training step at the
+    course's CPU shapes frees and asks again for several such blocks each step (the logits of 32 × 128 tokens over
+    4,096 words are 64 MiB, and so are their log-softmax and its gradient), and the kernel zeroes every new page on
+    first touch: about 280 MB of page faults per step. With mmap off (M_MMAP_MAX = 0) and the heap trimmed only above
+    1 GiB free, the blocks go back to the heap and the next step reuses them. The arithmetic is untouched, so every
+    result is the same bit for bit.
+
+    The price is memory: freed blocks stay with the process, and PyTorch's 64-byte-aligned requests do not always fit
+    the hole a block of the same size left, so the heap settles higher. Measured (README, "Speed"): the tiny GPT's
+    step 1.29× faster at a peak of 894 instead of 717 MiB; a 50,257-word vocabulary 1.69× faster at 1,546 instead of
+    1,156 MiB. LLMFS_KEEP_FREED_MEMORY=0 in the environment turns it off. Returns True when the setting took; False
+    when turned off, and on other C libraries (macOS, Windows, musl), where nothing changes."""
+    if not sys.platform.startswith("linux") or os.environ.get("LLMFS_KEEP_FREED_MEMORY", "1") == "0":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))
+    except (OSError, AttributeError):  # no libc by that name, or one without mallopt
+        return False

@@ -27,6 +27,11 @@ At step 0 the policy is the reference: h = 0, every DPO loss is log 2, and every
 
 Tensors: a batch of N pairs is 2N rows, the N chosen then the N rejected, right-padded (B = 2N, T); a completion mask
 (B, T-1) marks the response tokens and the EOS in the log-prob columns (column t scores token t+1).
+
+Several processes (torchrun, see distributed.py): every rank builds the same global batch of N pairs, and rank r
+computes its share of the pairs, n_r of them (`pair_rows`: both rows of each, in the same layout), and backpropagates
+w_r times their mean loss, w_r = W n_r / N; DDP's average of the gradients is then the gradient of the mean over all
+N pairs, the one-process step. The metrics are sums over each rank's pairs, added up over the ranks, over N.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from llm_from_scratch import distributed
 from llm_from_scratch.checkpoint import load_tensors, save_tensors
 from llm_from_scratch.generation import sequence_logprobs
 from llm_from_scratch.gold_rewards import story_reward
@@ -96,14 +102,29 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
+def preference_columns(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, chosen_logps: torch.Tensor,
+                       rejected_logps: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The standard DPO diagnostics (TRL's names) of each pair, (N,) each: preference_metrics averages them."""
+    return {"rewards/chosen": chosen_rewards, "rewards/rejected": rejected_rewards,
+            "rewards/margins": chosen_rewards - rejected_rewards,
+            "rewards/accuracies": (chosen_rewards > rejected_rewards).float(),
+            "logps/chosen": chosen_logps.detach(), "logps/rejected": rejected_logps.detach()}
+
+
 def preference_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, chosen_logps: torch.Tensor,
                        rejected_logps: torch.Tensor) -> dict[str, float]:
     """The standard DPO diagnostics (TRL's names), means over the pairs."""
-    return {"rewards/chosen": chosen_rewards.mean().item(), "rewards/rejected": rejected_rewards.mean().item(),
-            "rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
-            "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
-            "logps/chosen": chosen_logps.detach().mean().item(),
-            "logps/rejected": rejected_logps.detach().mean().item()}
+    columns = preference_columns(chosen_rewards, rejected_rewards, chosen_logps, rejected_logps)
+    return {name: values.mean().item() for name, values in columns.items()}
+
+
+def pair_rows(batch: tuple[torch.Tensor, ...], pairs: slice) -> tuple[torch.Tensor, ...]:
+    """The rows of some of a batch's pairs (batch: 2N rows, the N chosen then the N rejected, as preference_batch
+    makes them): the chosen rows of `pairs`, then their rejected rows, (2n, ...) each: the same layout for n pairs."""
+    N = batch[0].size(0) // 2
+    mine = torch.arange(N)[pairs]  # (n,) the pairs' indices
+    rows = torch.cat([mine, N + mine])  # (2n,) their chosen rows, then their rejected rows
+    return tuple(t[rows.to(t.device)] for t in batch)
 
 
 @torch.no_grad()
@@ -181,17 +202,37 @@ class DPOConfig:
     max_grad_norm: float = 1.0
 
 
-def dpo_step(policy: GPT, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-             ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, cfg: DPOConfig) -> dict[str, float]:
+def dpo_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, cfg: DPOConfig) -> dict[str, float]:
     """One optimizer step on a batch of N pairs (batch = preference_batch(...) on the policy's device) whose
     reference log-probs (N,) each come from the cache or from frozen_logps. Returns the loss, the standard
-    metrics and the gradient norm before clipping."""
-    chosen, rejected = concatenated_logps(policy, *batch)  # (N,), (N,): one forward pass over 2N rows
+    metrics and the gradient norm before clipping.
+
+    Under torchrun every rank passes the same global batch and reference log-probs, and the policy wrapped by
+    distributed.wrap (only DDP's own forward pass makes the backward all-reduce the gradients): the rank computes its
+    pairs, distributed.shard_rows(N), and backpropagates shard_weight · their mean loss (see the module docstring).
+    The numbers returned are the global batch's, the same on every rank."""
+    W, N = distributed.world_size(), batch[0].size(0) // 2
+    if W > 1 and not isinstance(getattr(policy, "_orig_mod", policy), torch.nn.parallel.DistributedDataParallel):
+        raise ValueError("dpo_step under torchrun: pass the policy wrapped by distributed.wrap, or the ranks' "
+                         "gradients are never averaged and their copies drift apart")
+    if W > 1:
+        mine = distributed.shard_rows(N)  # this rank's n_r pairs
+        batch = pair_rows(batch, mine)  # (2n_r, T) ...: their chosen rows, then their rejected rows
+        ref_chosen, ref_rejected = ref_chosen[mine], ref_rejected[mine]  # (n_r,) each
+    chosen, rejected = concatenated_logps(policy, *batch)  # (n,), (n,): one forward pass over 2n rows
     losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, cfg.beta,
                                                         cfg.loss_type, cfg.label_smoothing)
     optimizer.zero_grad(set_to_none=True)
-    losses.mean().backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+    loss = losses.mean()
+    if W > 1:  # w_r times the mean over this rank's pairs: DDP's average is then the mean over all N
+        loss = loss * distributed.shard_weight(len(losses), N)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(distributed.unwrap(policy).parameters(), cfg.max_grad_norm)
     optimizer.step()
-    return {"loss": losses.mean().item(), **preference_metrics(chosen_rewards, rejected_rewards, chosen, rejected),
-            "grad_norm": grad_norm.item()}
+    if W == 1:
+        return {"loss": losses.mean().item(), **preference_metrics(chosen_rewards, rejected_rewards, chosen, rejected),
+                "grad_norm": grad_norm.item()}
+    columns = {"loss": losses, **preference_columns(chosen_rewards, rejected_rewards, chosen, rejected)}
+    return {**distributed.global_means(columns, N), "grad_norm": grad_norm.item()}  # the global batch's means

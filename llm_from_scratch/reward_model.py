@@ -20,6 +20,12 @@ is this same module on another trunk.
 Against the gold reward (the tiny world knows it): `ranking_scores` (accuracy on the noisy labels and
 agreement with gold), `agreement_by_part` (which parts of the gold reward the model sees), and
 Pearson's and Spearman's correlations on policy samples.
+
+Several processes (torchrun, see distributed.py): every rank draws the same global batch of B pairs and scores its
+own share of them, n_r pairs (both responses of each). Rank r backpropagates w_r L_r, with L_r the mean loss of its
+pairs and w_r = W n_r / B, so DDP's average of the gradients, (1/W) Σ_r w_r L_r = (1/B) Σ_pairs ℓ, is the one-process
+gradient of the whole batch, however unevenly the B pairs fall. The numbers logged are the global batch's (sums over
+the ranks' pairs, divided by B), the held-out pairs are shared out and their rewards gathered, and only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from llm_from_scratch import distributed
 from llm_from_scratch.checkpoint import append_metrics, load_model, read_jsonl, save_model
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat, pad_right
@@ -150,6 +157,16 @@ def score_pairs(rm: RewardModel, encoded: list, pad_id: int, chunk_rows: int = 6
     return r[:len(encoded)], r[len(encoded):]
 
 
+def score_pairs_shared(rm: RewardModel, encoded: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """score_pairs, the pairs shared out between the ranks under torchrun (every rank must call it then): rank r scores
+    its contiguous share (distributed.shard_rows) and every rank gets all N rewards back, in order, the same tensors
+    on every rank. One process, or fewer pairs than ranks: score_pairs itself."""
+    if distributed.world_size() == 1 or len(encoded) < distributed.world_size():
+        return score_pairs(rm, encoded, pad_id)
+    shares = distributed.all_gather_objects(score_pairs(rm, encoded[distributed.shard_rows(len(encoded))], pad_id))
+    return torch.cat([c for c, _ in shares]), torch.cat([r for _, r in shares])  # (N,) each, in rank order = pair order
+
+
 @torch.no_grad()
 def response_row(tok: Tokenizer, prompt: str, response: str) -> list[int]:
     """The token ids the reward model reads for (prompt, response): the chat template, the response, EOS.
@@ -199,45 +216,65 @@ class RewardConfig:
 def train_reward_model(rm: RewardModel, train_pairs: list, val_pairs: list, cfg: RewardConfig, pad_id: int,
                        out_dir: str | Path, quiet: bool = False) -> dict:
     """Minimise the Bradley–Terry loss with chapter 4's optimiser conventions (AdamW with decay on matrices,
-    warmup + cosine, clipping). Logs TRL-style metrics; keeps the model with the best validation accuracy."""
+    warmup + cosine, clipping). Logs TRL-style metrics; keeps the model with the best validation accuracy.
+
+    Under torchrun every rank calls it alike (see the module docstring): the model is wrapped in DDP here, each rank
+    scores its share of each global batch of cfg.batch_size pairs, the held-out pairs are shared out, rank 0 alone
+    appends the metrics and saves the best model, and every rank returns the same summary once rank 0's files are
+    written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    W, main = distributed.world_size(), distributed.is_main()
     optimizer = configure_optimizer(rm, cfg)
+    forward = distributed.wrap(rm)  # DDP under torchrun: only its own forward pass makes the backward all-reduce
     g = torch.Generator().manual_seed(cfg.seed)
     best = {"accuracy": -1.0}
     rm.train()
-    bar = tqdm(range(cfg.max_steps), desc="reward model", unit="step", disable=quiet, dynamic_ncols=True)
+    bar = tqdm(range(cfg.max_steps), desc="reward model", unit="step", disable=quiet or not main, dynamic_ncols=True)
     t0 = time.perf_counter()
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        pick = torch.randint(0, len(train_pairs), (cfg.batch_size,), generator=g).tolist()
-        batch = [train_pairs[i] for i in pick]
-        r = score_rows(rm, [c for c, _ in batch] + [rj for _, rj in batch], pad_id,
-                       cfg.chunk_rows)  # (2B,) chosen first
-        r_c, r_r = r[: cfg.batch_size], r[cfg.batch_size:]
-        loss = bradley_terry_loss(r_c, r_r)
-        require_finite(loss.item(), "the reward model's loss", step, out_dir if "step" in best else None)
+        pick = torch.randint(0, len(train_pairs), (cfg.batch_size,), generator=g).tolist()  # the same on every rank
+        batch = [train_pairs[i] for i in pick]  # the global batch, B pairs
+        if W > 1:
+            batch = batch[distributed.shard_rows(cfg.batch_size)]  # this rank's n_r pairs
+        n = len(batch)
+        r = score_rows(forward, [c for c, _ in batch] + [rj for _, rj in batch], pad_id,
+                       cfg.chunk_rows)  # (2n,) chosen first
+        r_c, r_r = r[:n], r[n:]
+        loss = bradley_terry_loss(r_c, r_r)  # L_r, the mean over this rank's pairs
+        if W > 1:  # w_r L_r: DDP's average over the ranks is then the mean over the B pairs
+            loss = loss * distributed.shard_weight(n, cfg.batch_size)
+        loss_value = loss.item() if W == 1 else distributed.all_reduce([loss.item()]).item() / W  # the same on all
+        require_finite(loss_value, "the reward model's loss", step, out_dir if "step" in best else None)
         loss.backward()
-        grad_norm = optimizer_step(rm, optimizer, cfg.grad_clip)
+        grad_norm = optimizer_step(rm, optimizer, cfg.grad_clip)  # on the all-reduced gradients: the same on all
         done = step + 1
         if done % cfg.log_interval == 0:
-            m = preference_metrics(r_c.detach(), r_r.detach())
-            append_metrics(out_dir / "metrics.jsonl",
-                           {"step": done, "loss/train": loss.item(), "train/grad_norm": grad_norm,
-                            "rewards/accuracies": m["accuracy"], "rewards/margins": m["margin"]})
-            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{m['accuracy']:.2f}")
+            if W == 1:
+                m = preference_metrics(r_c.detach(), r_r.detach())
+            else:  # the global batch's accuracy and margin, not this rank's
+                m = distributed.global_means({"accuracy": (r_c > r_r).float(), "margin": r_c - r_r}, cfg.batch_size)
+            if main:
+                append_metrics(out_dir / "metrics.jsonl",
+                               {"step": done, "loss/train": loss_value, "train/grad_norm": grad_norm,
+                                "rewards/accuracies": m["accuracy"], "rewards/margins": m["margin"]})
+            bar.set_postfix(loss=f"{loss_value:.3f}", acc=f"{m['accuracy']:.2f}")
         if done % cfg.eval_interval == 0 or done == cfg.max_steps:
-            c, rj = score_pairs(rm, val_pairs, pad_id)
+            c, rj = score_pairs_shared(rm, val_pairs, pad_id)  # every held-out reward, the same on every rank
             m = preference_metrics(c, rj)
             record = {"step": done, "loss/val": bradley_terry_loss(c, rj).item(), "val/accuracy": m["accuracy"],
                       "val/margin": m["margin"], "val/mean_reward": m["mean_reward"],
                       "val/min_reward": m["min_reward"], "val/max_reward": m["max_reward"]}
-            append_metrics(out_dir / "metrics.jsonl", record)
-            if m["accuracy"] > best["accuracy"]:
+            if main:
+                append_metrics(out_dir / "metrics.jsonl", record)
+            if m["accuracy"] > best["accuracy"]:  # the same decision on every rank: the same numbers
                 best = {**m, "step": done, "loss": record["loss/val"]}
-                rm.save(out_dir)
+                if main:
+                    rm.save(out_dir)
     best["seconds"] = time.perf_counter() - t0
+    distributed.barrier()  # rank 0's files are written before any rank reads them
     return best
 
 

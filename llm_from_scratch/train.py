@@ -22,6 +22,11 @@ Every step is recorded once in `metrics.jsonl`, whenever the run was killed: a r
 file, and a run that resumes from its checkpoint of step s first cuts it back to steps ≤ s (the records a killed run
 wrote past its checkpoint are written again). Within a step the records are appended before the checkpoint is saved:
 a kill between the two leaves records past the checkpoint, which the cut removes, never a checkpoint past a record.
+
+Several processes (torchrun, see distributed.py): every rank builds the same global micro-batch and computes its own
+rows; DDP averages the gradients. Rank r backpropagates (W/N) Σ_{t∈r} ℓ_t, its share of the global mean (N targets in
+the micro-batch, W ranks), so the update is the one-process update on the same global batch, whichever rank holds
+which targets. The validation batches are shared out between the ranks and their sums added up; only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from llm_from_scratch import distributed
 from llm_from_scratch.checkpoint import (
     append_metrics,
     load_model,
@@ -45,7 +51,7 @@ from llm_from_scratch.checkpoint import (
     save_train_state,
     truncate_metrics,
 )
-from llm_from_scratch.device import DTYPES, autocast, dtype_of
+from llm_from_scratch.device import DTYPES, autocast, dtype_of, keep_freed_memory
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # x (B, T) token ids, y (B, T) targets (-100 = no loss)
@@ -102,10 +108,11 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **fused)
 
 
-def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the targets y (B, T) under model(x); positions with y = -100 are skipped."""
+def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Mean cross-entropy of the targets y (B, T) under model(x); positions with y = -100 are skipped.
+    reduction="sum": their sum instead."""
     logits = model(x)  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-100)
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-100, reduction=reduction)
 
 
 def fastest_dtype(model: torch.nn.Module, batches: list[Batch], repeats: int = 2,
@@ -147,31 +154,53 @@ def accumulate_gradients(model: torch.nn.Module, micro_batches: list[Batch],
     With L_k the mean token loss of micro-batch k, backpropagate L_k / K for each k, so that the summed gradients
     are ∇ (1/K) Σ_k L_k, the gradient of the mean loss (equal to one big batch's when the micro-batches hold
     equally many targets). Adds to the parameters' .grad; the optimizer step comes after (optimizer_step).
-    Returns the mean loss (1/K) Σ_k L_k and the number of targets seen (y ≠ -100). amp: the autocast dtype or None."""
+    Returns the mean loss (1/K) Σ_k L_k and the number of targets seen (y ≠ -100). amp: the autocast dtype or None.
+
+    Under torchrun (model wrapped by distributed.wrap) each rank computes its rows of every micro-batch, as the
+    module docstring says; the K-1 first backward passes skip DDP's all-reduce. The loss and count returned are the
+    global ones, the same on every rank."""
     device = next(model.parameters()).device
-    K = len(micro_batches)
+    K, W = len(micro_batches), distributed.world_size()
     loss_sum, tokens = 0.0, 0
-    for x, y in micro_batches:  # x, y (B, T) each
+    for k, (x, y) in enumerate(micro_batches):  # x, y (B, T) each: the global micro-batch
+        n = int((y != -100).sum())  # N, its targets
+        if W > 1:
+            rows = distributed.shard_rows(len(x))
+            x, y = x[rows], y[rows]  # (B/W, T): this rank's share
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast(device, amp):
-            loss = lm_loss(model, x, y)  # L_k
-        (loss / K).backward()
+        with distributed.sync_gradients(model, sync=k == K - 1):  # DDP decides this in the forward pass
+            with autocast(device, amp):
+                if W == 1:
+                    loss = lm_loss(model, x, y)  # L_k
+                else:  # (W/N) Σ_{t∈r} ℓ_t: DDP's average over the ranks is then L_k
+                    loss = lm_loss(model, x, y, reduction="sum") * (W / n if n else float("nan"))
+            (loss / K).backward()
         loss_sum += loss.item()
-        tokens += int((y != -100).sum())
+        tokens += n
+    if W > 1:
+        loss_sum = distributed.all_reduce([loss_sum]).item() / W
     return loss_sum / K, tokens
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device, dtype: str = "float32") -> float:
-    """Mean loss per target token over `batches` (dropout off during, training mode restored after)."""
+def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device, dtype: str = "float32",
+             shared: bool = False) -> float:
+    """Mean loss per target token over `batches` (dropout off during, training mode restored after).
+    shared=True (every rank must call it then): under torchrun, rank r evaluates batches r, r+W, ... and the sums
+    are added over the ranks."""
+    W, r = (distributed.world_size(), distributed.rank()) if shared else (1, 0)
     total, count = 0.0, 0
     with eval_mode(model):
-        for x, y in batches:
+        for i, (x, y) in enumerate(batches):
+            if i % W != r:
+                continue
             x, y = x.to(device), y.to(device)
             with autocast(device, dtype_of(dtype)):
                 n = int((y != -100).sum())
                 total += lm_loss(model, x, y).item() * n
                 count += n
+    if W > 1:
+        total, count = distributed.all_reduce([total, count]).tolist()
     return total / max(1, count)
 
 
@@ -215,12 +244,16 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
 
     get_batch(i): the i-th micro-batch (a pure function of i, for exact resumption).
     val_batches(): a fresh iterable of validation batches.
-    on_eval(step, model): called at every evaluation; may return extra metrics (e.g. samples).
+    on_eval(step, model): called at every evaluation (on rank 0 only under torchrun); may return extra metrics.
+    Under torchrun every rank calls train() alike; the model is wrapped in DDP here, and only rank 0 writes.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
     amp = dtype_of(cfg.dtype)
+    main = distributed.is_main()
+    if device.type == "cpu":  # the same numbers, no page faults per step, some memory kept (device.keep_freed_memory)
+        keep_freed_memory()
     optimizer = configure_optimizer(model, cfg)
     start, tokens_seen, best_val, rng = 0, 0, float("inf"), None
     state_file, metrics = out_dir / "last" / "train_state.pt", out_dir / "metrics.jsonl"
@@ -233,22 +266,28 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
             load_state(model, out_dir / "last" / "model.safetensors")
         optimizer.load_state_dict(state["optimizer"])
         start, tokens_seen, best_val, rng = state["step"], state["tokens_seen"], state["best_val"], state["rng"]
-        _set_rng_state(rng)
-        truncate_metrics(metrics, start)  # drop what a killed run recorded past its checkpoint: it is replayed
+        ranks = state.get("rng_ranks", [])  # every rank's state, when several ranks saved it
+        _set_rng_state(ranks[distributed.rank()] if len(ranks) == distributed.world_size() else rng)
+        if main:
+            truncate_metrics(metrics, start)  # drop what a killed run recorded past its checkpoint: it is replayed
         checkpoint = out_dir / "last"
         if not quiet:
             print(f"resuming {out_dir} at step {start}")
     else:  # starting over: nothing of an earlier run in this folder is kept to be recorded twice or resumed from
-        metrics.unlink(missing_ok=True)
-        state_file.unlink(missing_ok=True)
-        torch.manual_seed(cfg.seed)
-    forward = torch.compile(model) if cfg.compile else model
+        if main:
+            metrics.unlink(missing_ok=True)
+            state_file.unlink(missing_ok=True)
+        torch.manual_seed(cfg.seed + distributed.rank())  # each rank its own dropout masks
+    distributed.barrier()  # no rank starts before rank 0 has cleared the folder
+    forward = distributed.wrap(model)  # DDP when under torchrun
+    forward = torch.compile(forward) if cfg.compile else forward
     model.train()
 
     def extra():
         return {"tokens_seen": tokens_seen, "best_val": best_val, "config": asdict(cfg)}
 
-    bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", disable=quiet, dynamic_ncols=True)
+    bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", disable=quiet or not main,
+               dynamic_ncols=True)
     t_last, tokens_last = time.perf_counter(), tokens_seen
     step, next_step, rng = start, start, _rng_state()  # next_step: the step a resumed run would run next
     try:
@@ -268,32 +307,40 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
                 now = time.perf_counter()
                 tps = (tokens_seen - tokens_last) / max(1e-9, now - t_last)
                 t_last, tokens_last = now, tokens_seen
-                append_metrics(metrics, {"step": done, "tokens": tokens_seen, "loss/train": train_loss, "train/lr": lr,
-                                         "train/grad_norm": grad_norm, "train/tokens_per_s": tps})
+                if main:
+                    append_metrics(metrics, {"step": done, "tokens": tokens_seen, "loss/train": train_loss,
+                                             "train/lr": lr, "train/grad_norm": grad_norm, "train/tokens_per_s": tps})
                 bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tps:,.0f}")
             if done % cfg.eval_interval == 0 or done == cfg.max_steps:
-                val = evaluate(model, val_batches(), device, cfg.dtype)
+                val = evaluate(model, val_batches(), device, cfg.dtype, shared=True)  # the same on every rank
                 record = {"step": done, "tokens": tokens_seen, "loss/val": val,
                           "val/perplexity": math.exp(min(val, 50))}
-                if on_eval is not None:
+                if on_eval is not None and main:
                     record.update(on_eval(done, model) or {})
-                append_metrics(metrics, record)
+                if main:
+                    append_metrics(metrics, record)
                 if val < best_val:
                     best_val = val
-                    save_gpt(model, out_dir)
+                    if main:
+                        save_gpt(model, out_dir)
                 if not quiet:
                     bar.write(f"step {done}: val loss {val:.4f} (best {best_val:.4f})")
             if done % cfg.checkpoint_interval == 0 or done == cfg.max_steps:  # after this step's records (see above)
                 weights = torch.stack([p.detach().float().norm() for p in model.parameters()]).norm().item()
                 require_finite(weights, "the weights' norm", step, checkpoint)  # nan weights are no good checkpoint
-                save_checkpoint(out_dir, model, optimizer, done, _rng_state(), extra())
+                ranks = distributed.all_gather_objects(_rng_state())  # each rank's dropout stream, for a resume
+                if main:
+                    save_checkpoint(out_dir, model, optimizer, done, ranks[0],
+                                    {**extra(), **({"rng_ranks": ranks} if len(ranks) > 1 else {})})
                 checkpoint = out_dir / "last"
             bar.update(1)
     except KeyboardInterrupt:
         # before this step's update: replay it from its start state; after: continue with the next one
-        save_checkpoint(out_dir, model, optimizer, next_step, rng if next_step == step else _rng_state(), extra())
+        if main:  # (the other ranks' random states are not gathered here: a resume starts them from rank 0's)
+            save_checkpoint(out_dir, model, optimizer, next_step, rng if next_step == step else _rng_state(), extra())
         bar.close()
         print(f"\ninterrupted at step {next_step}: saved {out_dir / 'last'}; run the same command again to resume")
         raise
     bar.close()
+    distributed.barrier()  # rank 0's last files are written before any rank reads them
     return {"steps": cfg.max_steps, "tokens": tokens_seen, "best_val": best_val}

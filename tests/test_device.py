@@ -1,10 +1,16 @@
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from llm_from_scratch.device import autocast, available_devices, pick_device, seed_everything
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_auto_picks_the_best_available():
@@ -45,3 +51,30 @@ def test_precision_names():
     assert choose_dtype("bfloat16", "cpu") == "bfloat16"
     with pytest.raises(ValueError, match="dtype must be one of"):
         dtype_of("float16")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_keep_freed_memory_reuses_large_blocks_instead_of_faulting_them_in_again():
+    """64 MiB tensors, one after the other: glibc maps and zeroes each anew (16,384 page faults apiece) unless
+    keep_freed_memory() keeps freed blocks for the next ones (after the heap has grown to hold them). Fresh
+    processes: the setting is process-wide."""
+    code = (
+        "import resource, sys, torch\n"
+        "from llm_from_scratch.device import keep_freed_memory\n"
+        "took = keep_freed_memory() if sys.argv[1] == 'on' else None\n"
+        "for _ in range(10):\n"  # the heap grows until a freed hole fits the next aligned request
+        "    torch.ones(16 * 2**20)\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "for _ in range(5):\n"
+        "    torch.ones(16 * 2**20)\n"
+        "print(took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
+    faults = {}
+    for mode, env in (("off", {}), ("on", {}), ("on", {"LLMFS_KEEP_FREED_MEMORY": "0"})):
+        done = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), **env}, check=True)
+        took, faults[mode, bool(env)] = done.stdout.split()
+        if mode == "on" and not env and took != "True":
+            pytest.skip("not glibc: mallopt is not there")
+    assert int(faults["off", False]) > 40_000  # 5 × 16,384 pages of 4 KiB, zeroed by the kernel
+    assert int(faults["on", False]) < 2_000  # freed blocks reused
+    assert int(faults["on", True]) > 40_000  # LLMFS_KEEP_FREED_MEMORY=0: as if never called

@@ -60,9 +60,10 @@ def test_module_works_copied_alone(module, tmp_path):
     assert run.code == 0, run.output[-5000:]
 
 
-def test_reward_model_copies_out_with_at_most_seven_files():
-    """An assignment built on the reward model should not drag SFT and the whole tiny world along."""
-    assert len(closure("reward_model")) <= 7, sorted(closure("reward_model"))
+def test_reward_model_copies_out_with_at_most_eight_files():
+    """An assignment built on the reward model should not drag SFT and the whole tiny world along (distributed.py
+    comes with it: its trainer runs under torchrun too)."""
+    assert len(closure("reward_model")) <= 8, sorted(closure("reward_model"))
 
 
 def test_model_file_holds_the_network_only():
