@@ -229,7 +229,8 @@ def main(argv=None) -> dict:
     print(f"\n{args.seeds} seeds of the default run ({args.steps} steps, {' and '.join(precisions)}):\n{text}")
     summary = {"seeds": list(range(args.seeds)), "spread": spread, "steps": args.steps,
                "precision": [r["precision"] for r in results], "seconds": [r["seconds"] for r in results]}
-    common.write_sweep(sweep_dir, "ch05_sft.py", argv, text, summary, args.quick)
+    if distributed.is_main():
+        common.write_sweep(sweep_dir, "ch05_sft.py", argv, text, summary, args.quick)
     return summary
 
 

@@ -114,4 +114,7 @@ def run(main, argv: list[str] | None = None):
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     finally:
-        distributed.cleanup()  # leave torchrun's process group, if the chapter joined one
+        try:
+            distributed.cleanup()  # leave torchrun's process group, if the chapter joined one
+        except Exception as err:  # noqa: BLE001 (never hide the run's own error behind this one)
+            print(f"warning: leaving the process group failed: {err}", file=sys.stderr)

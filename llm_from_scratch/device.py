@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import random
 import sys
@@ -139,7 +138,8 @@ def keep_freed_memory() -> bool:
     if not sys.platform.startswith("linux") or os.environ.get("LLMFS_KEEP_FREED_MEMORY", "1") == "0":
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))
-    except (OSError, AttributeError):  # no libc by that name, or one without mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+    except (OSError, AttributeError):  # one without mallopt (not glibc)
         return False
+    trim_first = bool(mallopt(M_TRIM_THRESHOLD, 2**30))  # keep what is freed before it can be taken back
+    return bool(mallopt(M_MMAP_MAX, 0)) and trim_first

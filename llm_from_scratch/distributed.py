@@ -22,14 +22,17 @@ all-reduce is needed once per optimizer step: the first K-1 backward passes run 
 (`sync_gradients`), and the last one all-reduces the summed gradients.
 
 Only rank 0 writes files (`is_main`); a number one rank measured alone is summed or averaged over the ranks
-(`all_reduce`) before it is logged or used for a decision every rank must take alike. Without torchrun, `setup()`
+(`all_reduce`) before it is logged or used for a decision every rank must take alike. Several machines need one
+shared file system for the runs folder (rank 0 writes, the others read). Without torchrun, `setup()`
 starts nothing, every helper here returns at once, and the code is the one-process code: one code path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
+import inspect
 import os
 import sys
 
@@ -58,15 +61,19 @@ def setup(device: str = "auto") -> torch.device:
         return picked
     rank, local_rank, world = (int(os.environ[name]) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     if picked.type == "mps":
-        raise ValueError("torchrun with --device mps: MPS has no multi-process backend; use one process on a Mac")
+        raise ValueError(f"torchrun on {picked.type} (--device {device}): MPS has no multi-process backend; run one "
+                         "process on a Mac, or several CPU processes with --device cpu")
     if picked.type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise ValueError(f"LOCAL_RANK {local_rank}, but this machine has {torch.cuda.device_count()} CUDA "
                              f"device(s): lower --nproc_per_node")
         picked = torch.device("cuda", local_rank)
         torch.cuda.set_device(picked)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if picked.type == "cuda" else "gloo", rank=rank, world_size=world)
+    if not dist.is_initialized():  # rank 0 alone evaluates and builds missing runs while the others wait: a long
+        # timeout (NCCL's default is 10 minutes)
+        dist.init_process_group("nccl" if picked.type == "cuda" else "gloo", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(hours=2),
+                                **({"device_id": picked} if picked.type == "cuda" else {}))
     if rank != 0:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
     return picked
@@ -98,7 +105,13 @@ def wrap(model: nn.Module) -> nn.Module:
     if world_size() == 1:
         return model
     device = next(model.parameters()).device
-    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # no buffer sync in the forward pass (our models have no buffers): no collective there, so ranks may run different
+    # numbers of forward passes (an evaluation, a no-grad pass) without a deadlock. (torch ≥ 2.13 names it anew.)
+    no_sync = ({"forward_sync_buffers": False}
+               if "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel).parameters
+               else {"broadcast_buffers": False})
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                               **no_sync)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -107,13 +120,17 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
+def is_wrapped(model: nn.Module) -> bool:
+    """True when `model` is DDP (or torch.compile of DDP): what a training step under torchrun needs."""
+    return isinstance(getattr(model, "_orig_mod", model), nn.parallel.DistributedDataParallel)
+
+
 def sync_gradients(model: nn.Module, sync: bool):
-    """A context for one backward pass: with sync=False, DDP keeps the gradients local (no all-reduce) and only adds
-    them up; the next backward pass with sync=True all-reduces the sums. Without DDP: nothing happens."""
-    ddp = getattr(model, "_orig_mod", model)
-    if sync or not isinstance(ddp, nn.parallel.DistributedDataParallel):
+    """A context for one forward and backward pass: with sync=False, DDP keeps the gradients local (no all-reduce)
+    and only adds them up; the next pass with sync=True all-reduces the sums. Without DDP: nothing happens."""
+    if sync or not is_wrapped(model):
         return contextlib.nullcontext()
-    return ddp.no_sync()
+    return getattr(model, "_orig_mod", model).no_sync()
 
 
 def shard_rows(n_rows: int) -> slice:
@@ -187,11 +204,19 @@ def barrier() -> None:
 @contextlib.contextmanager
 def main_first():
     """Rank 0 runs the block first (building a dataset, training a tokenizer), the others after it, and find what
-    it wrote. Without torchrun: the block, once."""
-    if not is_main():
-        barrier()
-    try:
+    it wrote. If rank 0's block fails, the others raise instead of trying it themselves. Without torchrun: the
+    block, once."""
+    if world_size() == 1:
         yield
-    finally:
-        if is_main():
-            barrier()
+        return
+    if is_main():
+        try:
+            yield
+        except BaseException:
+            broadcast_object(False)  # the others stop waiting, and stop
+            raise
+        broadcast_object(True)
+    else:
+        if not broadcast_object(None):
+            raise RuntimeError("rank 0 failed in the work it does first (its error is above); stopping this rank")
+        yield

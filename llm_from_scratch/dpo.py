@@ -214,7 +214,7 @@ def dpo_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
     pairs, distributed.shard_rows(N), and backpropagates shard_weight · their mean loss (see the module docstring).
     The numbers returned are the global batch's, the same on every rank."""
     W, N = distributed.world_size(), batch[0].size(0) // 2
-    if W > 1 and not isinstance(getattr(policy, "_orig_mod", policy), torch.nn.parallel.DistributedDataParallel):
+    if W > 1 and not distributed.is_wrapped(policy):
         raise ValueError("dpo_step under torchrun: pass the policy wrapped by distributed.wrap, or the ranks' "
                          "gradients are never averaged and their copies drift apart")
     if W > 1:

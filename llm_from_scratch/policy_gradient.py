@@ -58,6 +58,15 @@ Tensors: rewards and advantages (B,) with the k samples of a prompt in consecuti
 A step: `rollout` samples k completions per prompt with the policy, scores them with any reward callable
 (the gold reward, or the chapter-6 reward model) and the frozen reference's log-probs; `pg_update` turns that
 batch into advantages and one (or, for GRPO, a few) optimizer steps, and returns the step's metrics.
+
+Several processes (torchrun, see distributed.py): each rank samples its own share of the step's prompts
+(`shard_rollout` cuts a rollout the same way), so a prompt's k samples stay on one rank and the group baselines need
+no communication. Every aggregation above is a mean over the batch's sequences (or, "token", its tokens): rank r's
+mean over its own n_r of them, times w_r = W n_r / N (N: all ranks' count, one all-reduce), makes DDP's average
+the one-process loss, however the filter thins the ranks' groups. A rank left with no row still runs its forward
+and backward pass (times 0), since DDP's all-reduce needs every rank. The metrics are the whole batch's, and the
+moving-average baseline averages every rank's rewards, so every rank holds the same numbers and takes the same
+decisions.
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llm_from_scratch import distributed
 from llm_from_scratch.generation import generate, sequence_logprobs
 from llm_from_scratch.model import GPT, eval_mode
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
@@ -154,7 +164,11 @@ class MovingAverageBaseline:
 
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         baseline = 0.0 if self.value is None else self.value
-        mean = rewards.float().mean().item()
+        if distributed.world_size() == 1:
+            mean = rewards.float().mean().item()
+        else:  # every rank's rewards: the same baseline on every rank
+            total, count = distributed.all_reduce([rewards.float().sum().item(), rewards.numel()]).tolist()
+            mean = total / count
         self.value = mean if self.value is None else self.decay * self.value + (1 - self.decay) * mean
         return rewards - baseline
 
@@ -266,6 +280,18 @@ def rollout(policy: GPT, reference: GPT, tok: Tokenizer, prompts: list[str], k: 
                    temperature, seconds)
 
 
+def shard_rollout(ro: Rollout) -> Rollout:
+    """This rank's share of a rollout's prompts under torchrun, each with its k rows (distributed.shard_rows over the
+    prompts): the rollout the rank would have sampled for those prompts alone. Without torchrun: `ro` itself."""
+    if distributed.world_size() == 1:
+        return ro
+    groups = distributed.shard_rows(ro.rewards.numel() // ro.k)  # this rank's prompts
+    rows = slice(groups.start * ro.k, groups.stop * ro.k)  # their k rows each
+    return Rollout(ro.sequences[rows], ro.attention_mask[rows], ro.mask[rows], ro.ref_logp[rows], ro.rewards[rows],
+                   ro.gold[rows], ro.ended[rows], ro.prompts[rows], ro.completions[rows], ro.k, ro.temperature,
+                   dict(ro.seconds))
+
+
 @dataclass
 class PGConfig:
     algo: str = "rloo"  # one of ALGOS
@@ -300,7 +326,9 @@ def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: P
     The policy runs with dropout off, at the sampling temperature. With cfg.filter_groups the loss is built from
     the rows of the informative groups only (`informative_groups` on the raw rewards); the logged metrics still
     describe the whole batch. Returns the step's metrics, with train/rows (the rows the loss used) and
-    train/skipped_step (1 when the filter left none, and no optimizer step was taken)."""
+    train/skipped_step (1 when the filter left none, and no optimizer step was taken).
+    Under torchrun: each rank passes its own rollout and the policy wrapped by distributed.wrap; the loss is scaled
+    as the module docstring says, and the metrics returned are every rank's batch together, the same on all."""
     if cfg.algo not in ALGOS:
         raise ValueError(f"unknown algorithm {cfg.algo!r}; choose from {ALGOS}")
     if cfg.kl_in not in ("reward", "loss"):
@@ -311,11 +339,19 @@ def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: P
             else torch.ones_like(ro.rewards, dtype=torch.bool))  # (B,)
     rows, dropped = keep.nonzero().squeeze(1), (~keep).nonzero().squeeze(1)  # (B',), (B − B',): whole groups
     mask, ref_logp = ro.mask[rows], ro.ref_logp[rows]  # (B', T-1) the rows the loss is built from
+    W, scale, kept = distributed.world_size(), 1.0, float(rows.numel())
+    if W > 1 and not distributed.is_wrapped(policy):
+        raise ValueError("pg_update under torchrun: pass the policy wrapped by distributed.wrap, or the ranks' "
+                         "gradients are never averaged and their copies drift apart")
+    if W > 1:  # w_r = W n_r / N, n counting the kept rows (how="token": their completion tokens) of every rank
+        n_local = float(mask.sum()) if how == "token" else float(rows.numel())
+        kept, n_global = distributed.all_reduce([float(rows.numel()), n_local]).tolist()
+        scale = distributed.shard_weight(n_local, n_global)
 
     def logprobs(idx: torch.Tensor) -> torch.Tensor:  # (len(idx), T-1) the policy's log-probs of those rows
         return sequence_logprobs(policy, ro.sequences[idx], ro.attention_mask[idx], ro.temperature) * ro.mask[idx]
 
-    metrics: dict[str, float] = {"train/rows": float(rows.numel()), "train/skipped_step": float(rows.numel() == 0)}
+    metrics: dict[str, float] = {"train/rows": kept, "train/skipped_step": float(kept == 0)}
     with eval_mode(policy):
         # the policy that sampled: its log-probs of every row give the KL, the scores, the advantages and the metrics;
         # the kept rows' (with gradients) are also epoch 0's loss, the dropped rows' need no graph
@@ -331,22 +367,38 @@ def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: P
         score = ro.rewards - cfg.beta * seq_kl if cfg.kl_in == "reward" else ro.rewards  # (B,)
         adv_all = advantages(cfg.algo, score, cfg.k, baseline)  # (B,) per group, so the kept groups' are unchanged
         metrics.update(estimator_metrics(ro, score, seq_kl, kl3, old_all))
-        if logp is None:  # every group was filtered: nothing to learn from this batch
+        if kept == 0:  # every group (of every rank) was filtered: nothing to learn from this batch
             return metrics
         adv, old_logp = adv_all[rows], old_all[rows]  # (B',), (B', T-1)
         for epoch in range(cfg.inner_epochs):
-            if epoch:
-                logp = logprobs(rows)  # (B', T-1)
-            if clipped:
-                loss, clipfrac = clipped_policy_loss(logp, old_logp, adv, mask, cfg.clip_eps, how, cfg.max_new_tokens)
-                metrics["policy/clipfrac"] = clipfrac.item()
+            clipfrac = None
+            if logp is None:  # W > 1: this rank's groups were all filtered, but DDP's all-reduce needs its pass
+                loss = logprobs(dropped[:1]).sum() * 0.0
             else:
-                loss = policy_gradient_loss(logp, adv, mask, how, cfg.max_new_tokens)
-            if cfg.kl_in == "loss":
-                loss = loss + cfg.beta * aggregate(kl_k3(logp, ref_logp) * mask, mask, how, cfg.max_new_tokens)
+                if epoch:
+                    logp = logprobs(rows)  # (B', T-1)
+                if clipped:
+                    loss, clipfrac = clipped_policy_loss(logp, old_logp, adv, mask, cfg.clip_eps, how,
+                                                         cfg.max_new_tokens)
+                    if W == 1:
+                        metrics["policy/clipfrac"] = clipfrac.item()
+                else:
+                    loss = policy_gradient_loss(logp, adv, mask, how, cfg.max_new_tokens)
+                if cfg.kl_in == "loss":
+                    loss = loss + cfg.beta * aggregate(kl_k3(logp, ref_logp) * mask, mask, how, cfg.max_new_tokens)
+                if W > 1:
+                    loss = loss * scale  # w_r L_r: DDP's average is the loss of every rank's rows together
             loss.backward()
             metrics["train/grad_norm"] = optimizer_step(policy, optimizer, cfg.grad_clip)
-            metrics["loss/policy"] = loss.item()
+            if W == 1:
+                metrics["loss/policy"] = loss.item()
+            else:  # the whole batch's: Σ_r w_r L_r / W, and the clipped tokens over all ranks' tokens
+                tokens = float(mask.sum()) if logp is not None else 0.0
+                cut = clipfrac.item() * tokens if clipfrac is not None else 0.0
+                loss_sum, cut, tokens = distributed.all_reduce([loss.item(), cut, tokens]).tolist()
+                metrics["loss/policy"] = loss_sum / W
+                if clipped:
+                    metrics["policy/clipfrac"] = cut / max(tokens, 1.0)
     return metrics
 
 
@@ -365,7 +417,10 @@ def advantages(algo: str, score: torch.Tensor, k: int, baseline: MovingAverageBa
 
 def estimator_metrics(ro: Rollout, score: torch.Tensor, seq_kl: torch.Tensor, kl3: torch.Tensor,
                       logp: torch.Tensor) -> dict[str, float]:
-    """The standard diagnostics of one rollout batch (names as in TRL/CleanRL)."""
+    """The standard diagnostics of one rollout batch (names as in TRL/CleanRL); under torchrun, of every rank's
+    rollout together (`shared_estimator_metrics`)."""
+    if distributed.world_size() > 1:
+        return shared_estimator_metrics(ro, score, seq_kl, kl3, logp)
     lengths = ro.mask.sum(dim=1).float()  # (B,) completion tokens, EOS included
     return {
         "reward": score.mean().item(), "reward_std": score.std().item() if score.numel() > 1 else 0.0,
@@ -377,3 +432,25 @@ def estimator_metrics(ro: Rollout, score: torch.Tensor, seq_kl: torch.Tensor, kl
         # the share of groups whose rewards are all equal: what --filter-groups drops
         "frac_reward_zero_std": 1.0 - informative_groups(ro.rewards, ro.k).float().mean().item() if ro.k > 1 else 0.0,
     }
+
+
+def shared_estimator_metrics(ro: Rollout, score: torch.Tensor, seq_kl: torch.Tensor, kl3: torch.Tensor,
+                             logp: torch.Tensor) -> dict[str, float]:
+    """estimator_metrics over every rank's rows at once: each rank's sums, added up in one all-reduce, then divided
+    by the global counts (the reward's std from Σ s and Σ s², with n − 1 as estimator_metrics has it)."""
+    mask = ro.mask.float()  # (B, T-1)
+    equal = 1.0 - informative_groups(ro.rewards, ro.k).float() if ro.k > 1 else torch.zeros_like(ro.rewards)
+    sums = {"rows": float(ro.rewards.numel()), "tokens": mask.sum().item(), "reward": score.sum().item(),
+            "reward_sq": (score.double() ** 2).sum().item(), "proxy/reward": ro.rewards.sum().item(),
+            "gold/reward": ro.gold.sum().item(), "objective/kl": seq_kl.sum().item(),
+            "objective/kl_k3": masked_sum(kl3, ro.mask, dim=1).sum().item(),
+            "objective/entropy": masked_sum(-logp, ro.mask).item(), "completions/mean_length": mask.sum().item(),
+            "completions/clipped_ratio": (~ro.ended).float().sum().item(), "frac_reward_zero_std": equal.sum().item()}
+    total = dict(zip(sums, distributed.all_reduce(list(sums.values())).tolist()))
+    n = total["rows"]
+    mean = total["reward"] / n
+    var = (total["reward_sq"] - n * mean**2) / (n - 1) if n > 1 else 0.0
+    metrics = {name: total[name] / n for name in sums if name not in ("rows", "tokens", "reward_sq")}
+    metrics["reward_std"] = math.sqrt(max(var, 0.0))
+    metrics["objective/entropy"] = total["objective/entropy"] / max(total["tokens"], 1.0)  # per token
+    return metrics

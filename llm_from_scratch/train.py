@@ -161,6 +161,9 @@ def accumulate_gradients(model: torch.nn.Module, micro_batches: list[Batch],
     global ones, the same on every rank."""
     device = next(model.parameters()).device
     K, W = len(micro_batches), distributed.world_size()
+    if W > 1 and not distributed.is_wrapped(model):
+        raise ValueError("accumulate_gradients under torchrun: pass the model wrapped by distributed.wrap, or the "
+                         "ranks' gradients are never averaged and their copies drift apart")
     loss_sum, tokens = 0.0, 0
     for k, (x, y) in enumerate(micro_batches):  # x, y (B, T) each: the global micro-batch
         n = int((y != -100).sum())  # N, its targets
@@ -258,7 +261,7 @@ def train(model: GPT, cfg: TrainConfig, get_batch: Callable[[int], Batch], val_b
     start, tokens_seen, best_val, rng = 0, 0, float("inf"), None
     state_file, metrics = out_dir / "last" / "train_state.pt", out_dir / "metrics.jsonl"
     checkpoint = None  # the last good checkpoint, named when a loss goes non-finite
-    if resume and state_file.is_file():
+    if distributed.broadcast_object(resume and state_file.is_file()):  # rank 0 decides for all: one decision
         state = load_train_state(state_file)
         if "model" in state:
             model.load_state_dict(state["model"])

@@ -41,11 +41,14 @@ def runs(tmp_path_factory):
     """Every case once as 1 process and once as 2; then a 2-process run killed at step 4 and run again."""
     root = tmp_path_factory.mktemp("ddp")
     for name, processes in (("one", 1), ("two", 2)):
-        done = launch(root / name, processes=processes)
+        done = launch(root / name, "lm", "lm_accum", "sft_accum", *(["dropout"] if processes == 2 else []),
+                      processes=processes)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    killed = launch(root / "resumed", "sft_accum", processes=2, env={"LLMFS_TEST_CRASH_AT": "4"})
+    killed = launch(root / "resumed", "dropout", processes=2, env={"LLMFS_TEST_CRASH_AT": "4"})
     assert killed.returncode != 0 and "killed at step 4" in killed.stderr, killed.stderr[-3000:]
-    resumed = launch(root / "resumed", "sft_accum", processes=2)
+    (root / "killed_state").write_text(str(torch.load(root / "resumed" / "dropout" / "last" / "train_state.pt",
+                                                      weights_only=True)["step"]))
+    resumed = launch(root / "resumed", "dropout", processes=2)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     return root
 
@@ -79,9 +82,11 @@ def test_only_rank_0_writes(runs):
 
 
 def test_a_killed_two_process_run_resumes(runs):
-    """Killed at step 4, run again: it resumes from the checkpoint of step 3 and ends where the unbroken run ends."""
-    resumed = losses(runs / "resumed" / "sft_accum", "loss/train")
-    unbroken = losses(runs / "two" / "sft_accum", "loss/train")
+    """Rank 1 killed at step 4: rank 0 had saved step 3; run again, it resumes there, each rank with its own random
+    state (dropout 0.2, different masks on each rank), and ends where the unbroken 2-process run ends."""
+    assert (runs / "killed_state").read_text() == "3"
+    resumed = losses(runs / "resumed" / "dropout", "loss/train")
+    unbroken = losses(runs / "two" / "dropout", "loss/train")
     assert sorted(resumed) == list(range(1, 7))
     for step in unbroken:
         assert resumed[step] == pytest.approx(unbroken[step], abs=1e-6), step

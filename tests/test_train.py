@@ -60,6 +60,8 @@ def test_loss_ignores_masked_targets():
     y_masked[:, :5] = -100
     assert lm_loss(model, x, y_masked).item() == pytest.approx(-logp[:, 5:].mean().item(), abs=1e-5)
     assert evaluate(model, [(x, y_masked)], "cpu") == pytest.approx(-logp[:, 5:].mean().item(), abs=1e-5)
+    # reduction="sum" (each rank's share under torchrun): the sum of -log p over the unmasked targets
+    assert lm_loss(model, x, y_masked, reduction="sum").item() == pytest.approx(-logp[:, 5:].sum().item(), abs=1e-4)
 
 
 def test_evaluate_weighs_every_target_token_equally():

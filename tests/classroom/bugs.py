@@ -129,17 +129,21 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
     "train.lm_loss": [
         ("no log-softmax: the negative logit of the target, not its log-probability",
          "F.cross_entropy(logits.flatten(0, 1).float(),", "F.nll_loss(logits.flatten(0, 1).float(),"),
-        ("summed instead of averaged", "ignore_index=-100)", "ignore_index=-100, reduction=\"sum\")"),
+        ("summed instead of averaged", "ignore_index=-100, reduction=reduction)",
+         "ignore_index=-100, reduction=\"sum\")"),
+        ("the reduction asked for ignored: always the mean", "ignore_index=-100, reduction=reduction)",
+         "ignore_index=-100)"),
         ("shifts again what the batch already shifted",
-         "F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-100)",
-         "F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), y[:, 1:].flatten(), ignore_index=-100)"),
+         "F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-100, reduction=reduction)",
+         "F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), y[:, 1:].flatten(), ignore_index=-100, "
+         "reduction=reduction)"),
     ],
     "train.accumulate_gradients": [
         ("loss not divided by the number of micro-batches", "(loss / K).backward()", "loss.backward()"),
-        ("gradients zeroed before each micro-batch", "        (loss / K).backward()",
-         "        model.zero_grad()\n        (loss / K).backward()"),
+        ("gradients zeroed before each micro-batch", "            (loss / K).backward()",
+         "            model.zero_grad()\n            (loss / K).backward()"),
         ("returns the last micro-batch's loss", "return loss_sum / K, tokens", "return loss.item(), tokens"),
-        ("counts every position as a target", "tokens += int((y != -100).sum())", "tokens += y.numel()"),
+        ("counts every position as a target", "n = int((y != -100).sum())", "n = y.numel()"),
     ],
     # ---------------------------------------------------------------- chapter 5
     # (the evaluation every later chapter uses)
