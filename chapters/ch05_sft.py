@@ -229,8 +229,7 @@ def main(argv=None) -> dict:
     print(f"\n{args.seeds} seeds of the default run ({args.steps} steps, {' and '.join(precisions)}):\n{text}")
     summary = {"seeds": list(range(args.seeds)), "spread": spread, "steps": args.steps,
                "precision": [r["precision"] for r in results], "seconds": [r["seconds"] for r in results]}
-    if distributed.is_main():
-        common.write_sweep(sweep_dir, "ch05_sft.py", argv, text, summary, args.quick)
+    common.write_sweep(sweep_dir, "ch05_sft.py", argv, text, summary, args.quick)
     return summary
 
 

@@ -36,6 +36,11 @@ the algorithm's own loss, no filter, lr 2e-5.
     python chapters/ch07_policy_gradient.py --task stories --beta 0 # against the reward model, no KL
     python chapters/ch07_policy_gradient.py --loss-type own --no-filter-groups  # RLOO's own loss, no filter
     python chapters/ch07_policy_gradient.py --quick                 # a smoke run (also LLMFS_QUICK=1)
+    torchrun --standalone --nproc_per_node=2 chapters/ch07_policy_gradient.py   # 2 processes share each step's prompts
+
+Under torchrun --prompts is the step's global number: each rank samples its share (a prompt's k samples on one rank)
+with its own random stream; the update averages the gradients (policy_gradient.pg_update); rank 0 alone evaluates,
+records and saves, and the checkpoint keeps every rank's stream.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from tqdm import tqdm
 
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import common  # chapters/common.py: the RL tasks' data, resuming, seed sweeps
-from llm_from_scratch import gold_rewards
+from llm_from_scratch import distributed, gold_rewards
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, quick_mode, require_real, start_run, write_summary
 from llm_from_scratch.device import seed_everything
@@ -257,7 +262,8 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     policy, reference = common.policy_and_reference(cfg, run, tok)  # with --lora-rank: one network, adapters off
     rm = None
     if cfg.reward == "rm" or cfg.task == "stories":
-        rm_dir = prerequisite("reward_model", cfg.quick, build=not cfg.no_build)
+        with distributed.main_first():  # under torchrun rank 0 builds it if it is missing
+            rm_dir = prerequisite("reward_model", cfg.quick, build=not cfg.no_build)
         require_real(rm_dir, cfg.quick)
         rm = RewardModel.load(rm_dir, device=device, vocab_size=tok.vocab_size).requires_grad_(False)
     data = common.task_data(cfg.task, cfg.quick, cfg.eval_examples)
@@ -290,8 +296,11 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     baseline.value = state["baseline"] if state else baseline.value
-    start_run(out)
-    if before is None:
+    main, W = distributed.is_main(), distributed.world_size()
+    forward = distributed.wrap(policy)  # DDP under torchrun: the update's gradients averaged over the ranks
+    if main:
+        start_run(out)
+    if before is None and main:  # rank 0 evaluates and writes; the others go on to the first step and wait there
         before = evaluate()
         if cfg.task == "word-problems" and cfg.pass_at_k:
             t0 = time.perf_counter()
@@ -300,44 +309,59 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
                   f"({time.perf_counter() - t0:.0f} s): "
                   + ", ".join(f"pass@{k} {v:.3f}" for k, v in before["pass_at_k"].items()))
         append_metrics(out / "metrics.jsonl", {"step": 0, **eval_record(before)})
-    print(f"before: held-out {score_name(cfg.task)} {before['gold']:.3f}")
+    if main:
+        print(f"before: held-out {score_name(cfg.task)} {before['gold']:.3f}")
 
-    generator = torch.Generator(device=device).manual_seed(seed)  # the rollouts' random numbers
+    # the rollouts' random numbers (each rank its own stream under torchrun)
+    generator = torch.Generator(device=device).manual_seed(seed + 7919 * distributed.rank())
     if state:  # where the interrupted run's were: a resumed run samples what an uninterrupted one would have
-        generator.set_state(state["generator"])
+        streams = state.get("generators") or [state["generator"]]  # one per rank that saved it
+        if len(streams) == W:
+            generator.set_state(streams[distributed.rank()])
+        elif main:
+            print(f"the checkpoint was saved by {len(streams)} process(es), this run has {W}: the rollouts' random "
+                  "numbers start anew from the seed")
     t_start = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), desc=cfg.algo, unit="step", disable=cfg.quiet, dynamic_ncols=True)
+    bar = tqdm(range(start, cfg.steps), desc=cfg.algo, unit="step", disable=cfg.quiet or not main,
+               dynamic_ncols=True)
     for step in bar:
         prompts = common.batch_prompts(data.train_prompts, step, cfg.prompts)
+        prompts = prompts[distributed.shard_rows(len(prompts))] if W > 1 else prompts  # this rank's share
         t0 = time.perf_counter()
         ro = rollout(policy, reference, tok, prompts, cfg.k, train_fn,  # gold is always logged; when it is the
                      None if cfg.reward == "gold" else data.gold_fn,  # reward, the rollout copies it
                      cfg.max_new_tokens, cfg.temperature, cfg.missing_eos_penalty, generator)
         t1 = time.perf_counter()
-        metrics = pg_update(policy, optimizer, ro, update_cfg, baseline)
+        metrics = pg_update(forward, optimizer, ro, update_cfg, baseline)  # every rank's batch: the same numbers
         t2 = time.perf_counter()
         common.require_finite_metrics(metrics, ("loss/policy",), step + 1, out)
         if cfg.task == "stories":
-            metrics.update(common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions))
+            parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
+            metrics.update(common.shared_shares(parts, len(ro.prompts)))
         record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
         evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
-        if evaluating:
-            record.update(eval_record(evaluate()))
-            for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
-                append_metrics(out / "rollout_samples.jsonl", row)
-        append_metrics(out / "metrics.jsonl", record)
-        if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
-            common.save_last(out, weights)
-            common.save_state(run, cfg, step + 1, optimizer, weights, generator=generator.get_state(),
-                              baseline=baseline.value, before=json.dumps(before))
+        streams = distributed.all_gather_objects(generator.get_state()) if evaluating and W > 1 else None
+        if main:  # rank 0 evaluates, records and saves
+            if evaluating:
+                record.update(eval_record(evaluate()))
+                for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
+                    append_metrics(out / "rollout_samples.jsonl", row)
+            append_metrics(out / "metrics.jsonl", record)
+            if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
+                common.save_last(out, weights)
+                rollouts = {"generators": streams} if streams else {"generator": generator.get_state()}
+                common.save_state(run, cfg, step + 1, optimizer, weights, **rollouts, baseline=baseline.value,
+                                  before=json.dumps(before))
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
     seconds = time.perf_counter() - t_start
+    if not main:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
+        return distributed.broadcast_object(None)
 
     after = evaluate()
     common.save_policy(policy, out)  # a LoRA policy with its adapters folded in
     tok.save(out)
     held = {**common.policy_held(cfg, policy, reference), **({"reward model": rm} if rm is not None else {})}
-    return report(cfg, run, before, after, seconds, weights_held(held))
+    return distributed.broadcast_object(report(cfg, run, before, after, seconds, weights_held(held)))
 
 
 def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: float, held: dict) -> dict:
@@ -370,7 +394,8 @@ def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: flo
               "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": cfg.steps,
               "seconds": seconds, "seed": run.seed, "init": str(run.init), "config": vars(pg_config(cfg)),
               "lr": cfg.lr, "prompts": cfg.prompts, "eval_samples": cfg.eval_samples if cfg.task == "stories" else 0,
-              "weights_held": held, "device": str(run.device), "flags": common.flags_record(cfg),
+              "weights_held": held, "device": str(run.device), "processes": distributed.world_size(),
+              "flags": common.flags_record(cfg),
               "origin": common.origin(run)}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
     cell = common.markdown_cell

@@ -425,6 +425,7 @@ CONFIG_KEYS = ("critic_head", "epochs", "minibatches", "clip_eps", "clip_value",
 
 def main(argv=None) -> dict:
     cfg = parse_args(argv)
+    common.refuse_torchrun("chapter 8 (PPO)")
     runs = common.runs_of(cfg, run_name(cfg))  # one run, or one per seed (seed k from chapter 5's seed k)
     results = [common.finished_result(cfg, run) or ppo_run(cfg, run) for run in runs]
     if not cfg.seeds:

@@ -602,6 +602,7 @@ def main(argv=None) -> dict:
     cfg = parse_args(argv)
     if cfg.train_pairs:  # bad input fails now, naming the file and line, before any earlier chapter is built
         load_preferences(cfg.train_pairs)
+    common.refuse_torchrun("chapter 9 (DPO)")
     if cfg.compare:
         return compare(cfg, runs_root(cfg.quick), pick_device(cfg.device))
     runs = common.runs_of(cfg, run_name(cfg))  # one run, or one per seed (seed k from chapter 5's seed k)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -29,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from llm_from_scratch import dataset_files, gold_rewards, gpt2_weights, lora
+from llm_from_scratch import dataset_files, distributed, gold_rewards, gpt2_weights, lora
 from llm_from_scratch.checkpoint import (
     atomic_write_text,
     load_state,
@@ -50,7 +51,6 @@ from llm_from_scratch.course import (
     write_summary,
 )
 from llm_from_scratch.data import tinyworld_dir
-from llm_from_scratch.device import pick_device
 from llm_from_scratch.train import load_gpt, require_finite, save_gpt
 
 # ----------------------------------------------------------------------------- the RL tasks
@@ -70,7 +70,8 @@ def task_data(name: str, quick: bool, eval_examples: int) -> TaskData:
     gold reward of (prompts, completions) as a reward callable."""
     kind, task = TASKS[name]
     sizes = dataset_files.QUICK_SIZES if quick else {}
-    paths = dataset_files.ensure_datasets(tinyworld_dir(quick), seed=0, **sizes)
+    with distributed.main_first():  # under torchrun rank 0 writes missing files, the others then read them
+        paths = dataset_files.ensure_datasets(tinyworld_dir(quick), seed=0, **sizes)
     train_prompts = [p for p in read_jsonl(paths[f"rl_{kind}"]) if p["task"] == task]
     held_out = [e for e in read_jsonl(paths["sft_val"]) if e["task"] == task][:eval_examples]
     by_prompt = {p["prompt"]: p for p in train_prompts}
@@ -87,6 +88,15 @@ def story_parts(specs: list[dict], completions: list[str]) -> dict[str, float]:
     parts = [gold_rewards.story_reward_parts(s, c) for s, c in zip(specs, completions)]
     return {"gold/wrong_name": sum(p["name"] == 0 for p in parts) / len(parts),
             "gold/wrong_object": sum(p["object"] < 1 for p in parts) / len(parts)}
+
+
+def shared_shares(shares: dict[str, float], rows: int) -> dict[str, float]:
+    """Shares measured on this rank's `rows` rows, as shares of every rank's rows under torchrun (the ranks' counts
+    added up); the shares themselves without torchrun."""
+    if distributed.world_size() == 1:
+        return shares
+    totals = distributed.all_reduce([v * rows for v in shares.values()] + [rows]).tolist()
+    return {name: total / totals[-1] for name, total in zip(shares, totals)}
 
 
 def top_samples(ro, step: int, by_prompt: dict, task: str, n: int = 2) -> list[dict]:
@@ -195,8 +205,18 @@ def resume(run: Run, cfg, models: dict[str, torch.nn.Module], optimizer: torch.o
     each model the weights of `out/last/<file>` (models: file -> module), into the optimizer its state, and the CPU
     RNG; the `logs` (JSONL files of records with a "step") are cut back to that step. None, with the checkpoint and
     the logs removed (nothing else of the folder), under --no-resume, when there is no checkpoint, or when the
-    checkpoint is of other flags, another seed or starting model, or an older version of the script."""
+    checkpoint is of other flags, another seed or starting model, or an older version of the script.
+    Under torchrun rank 0 decides, and alone removes or cuts files; every rank then loads the same checkpoint."""
     out, state_file = run.out, run.out / "last" / "train_state.pt"
+    if not distributed.is_main():
+        if not distributed.broadcast_object(None):  # rank 0 found no checkpoint to continue, and cleared the folder
+            return None
+        state = load_train_state(state_file)
+        for file, model in models.items():
+            load_state(model, out / "last" / file)
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        return state
     state = load_train_state(state_file) if state_file.is_file() and not cfg.no_resume else None
     why = None
     if state is not None and "flags" not in state:
@@ -213,7 +233,9 @@ def resume(run: Run, cfg, models: dict[str, torch.nn.Module], optimizer: torch.o
         shutil.rmtree(out / "last", ignore_errors=True)
         for log in logs:
             (out / log).unlink(missing_ok=True)
+        distributed.broadcast_object(False)
         return None
+    distributed.broadcast_object(True)
     for file, model in models.items():
         load_state(model, out / "last" / file)
     optimizer.load_state_dict(state["optimizer"])
@@ -330,12 +352,21 @@ def init_folder(path: Path, quick: bool) -> Path:
     return gpt2_weights.import_hf_gpt2(path, dst)
 
 
+def refuse_torchrun(chapter: str) -> None:
+    """A one-line error for a chapter whose loop does not yet share its work between processes (appendix B)."""
+    if distributed.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        raise ValueError(f"{chapter} does not run under torchrun yet (appendix B: chapters 4 to 7 do); run it as one "
+                         "process")
+
+
 def runs_of(cfg, name: str) -> list[Run]:
     """The runs a command makes: one into --out (default runs/<name>) from --init (default chapter 5's SFT run, built
     when missing), or with --seeds N one per seed k into runs/<name>_seeds/seed<k> from chapter 5's seed k."""
-    root, device = runs_root(cfg.quick), pick_device(cfg.device)
+    root, device = runs_root(cfg.quick), distributed.setup(cfg.device)  # the process group under torchrun
     if not cfg.seeds:
-        init = init_folder(cfg.init, cfg.quick) if cfg.init else prerequisite("sft", cfg.quick, build=not cfg.no_build)
+        with distributed.main_first():  # rank 0 imports or builds the starting model, the others find it
+            init = init_folder(cfg.init, cfg.quick) if cfg.init else prerequisite("sft", cfg.quick,
+                                                                                   build=not cfg.no_build)
         require_real(init, cfg.quick)
         return [Run(cfg.out or root / name, cfg.seed, init, device)]
     sft_sweep = sft_seed_sweep(root, cfg.seeds)
@@ -382,7 +413,9 @@ def gain_rows(results: list[dict], name: str, percent: bool = True) -> dict:
 
 def write_sweep(sweep_dir: Path, script: str, argv: list[str] | None, text: str, summary: dict, quick: bool) -> None:
     """sweep.md (the command that made the sweep, then its table) and summary.json (which marks the sweep finished) in
-    `sweep_dir`, the folder of the seed<k> runs."""
+    `sweep_dir`, the folder of the seed<k> runs (under torchrun, by rank 0)."""
+    if not distributed.is_main():
+        return
     command = f"python chapters/{script} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()
     atomic_write_text(sweep_dir / "sweep.md", f"`{command}`\n\n{text}\n")
     write_summary(sweep_dir, summary, quick)

@@ -348,20 +348,23 @@ def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: P
         kept, n_global = distributed.all_reduce([float(rows.numel()), n_local]).tolist()
         scale = distributed.shard_weight(n_local, n_global)
 
-    def logprobs(idx: torch.Tensor) -> torch.Tensor:  # (len(idx), T-1) the policy's log-probs of those rows
-        return sequence_logprobs(policy, ro.sequences[idx], ro.attention_mask[idx], ro.temperature) * ro.mask[idx]
+    def logprobs(idx: torch.Tensor, model: torch.nn.Module = policy) -> torch.Tensor:  # (len(idx), T-1)
+        return sequence_logprobs(model, ro.sequences[idx], ro.attention_mask[idx], ro.temperature) * ro.mask[idx]
 
     metrics: dict[str, float] = {"train/rows": kept, "train/skipped_step": float(kept == 0)}
     with eval_mode(policy):
         # the policy that sampled: its log-probs of every row give the KL, the scores, the advantages and the metrics;
-        # the kept rows' (with gradients) are also epoch 0's loss, the dropped rows' need no graph
+        # the kept rows' (with gradients) are also epoch 0's loss, the dropped rows' need no graph. Under torchrun
+        # every rank runs this forward pass with gradients here (DDP may synchronise the ranks in it): a rank whose
+        # groups were all filtered runs it on one row of its own, for a loss of 0 (`idle`)
         logp = logprobs(rows) if rows.numel() else None  # (B', T-1)
+        idle = logprobs(dropped[:1]) if logp is None and W > 1 and kept > 0 else None  # (1, T-1)
         old_all = torch.zeros_like(ro.ref_logp)  # (B, T-1)
         if logp is not None:
             old_all[rows] = logp.detach()
         if dropped.numel():
-            with torch.no_grad():
-                old_all[dropped] = logprobs(dropped)
+            with torch.no_grad():  # through the bare network: no DDP bookkeeping for a pass without gradients
+                old_all[dropped] = logprobs(dropped, distributed.unwrap(policy))
         kl1, kl3 = kl_k1(old_all, ro.ref_logp) * ro.mask, kl_k3(old_all, ro.ref_logp) * ro.mask  # (B, T-1)
         seq_kl = masked_sum(kl1, ro.mask, dim=1)  # (B,)
         score = ro.rewards - cfg.beta * seq_kl if cfg.kl_in == "reward" else ro.rewards  # (B,)
@@ -373,7 +376,8 @@ def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: P
         for epoch in range(cfg.inner_epochs):
             clipfrac = None
             if logp is None:  # W > 1: this rank's groups were all filtered, but DDP's all-reduce needs its pass
-                loss = logprobs(dropped[:1]).sum() * 0.0
+                idle = logprobs(dropped[:1]) if epoch else idle  # (1, T-1)
+                loss = idle.sum() * 0.0
             else:
                 if epoch:
                     logp = logprobs(rows)  # (B', T-1)
