@@ -315,12 +315,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     # the rollouts' random numbers (each rank its own stream under torchrun)
     generator = torch.Generator(device=device).manual_seed(seed + 7919 * distributed.rank())
     if state:  # where the interrupted run's were: a resumed run samples what an uninterrupted one would have
-        streams = state.get("generators") or [state["generator"]]  # one per rank that saved it
-        if len(streams) == W:
-            generator.set_state(streams[distributed.rank()])
-        elif main:
-            print(f"the checkpoint was saved by {len(streams)} process(es), this run has {W}: the rollouts' random "
-                  "numbers start anew from the seed")
+        common.restore_streams(generator, state)
     t_start = time.perf_counter()
     bar = tqdm(range(start, cfg.steps), desc=cfg.algo, unit="step", disable=cfg.quiet or not main,
                dynamic_ncols=True)
@@ -340,7 +335,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
             metrics.update(common.shared_shares(parts, len(ro.prompts)))
         record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
         evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
-        streams = distributed.all_gather_objects(generator.get_state()) if evaluating and W > 1 else None
+        streams = common.rollout_streams(generator) if evaluating else None  # every rank's, for the checkpoint
         if main:  # rank 0 evaluates, records and saves
             if evaluating:
                 record.update(eval_record(evaluate()))
@@ -349,8 +344,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
             append_metrics(out / "metrics.jsonl", record)
             if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
                 common.save_last(out, weights)
-                rollouts = {"generators": streams} if streams else {"generator": generator.get_state()}
-                common.save_state(run, cfg, step + 1, optimizer, weights, **rollouts, baseline=baseline.value,
+                common.save_state(run, cfg, step + 1, optimizer, weights, **streams, baseline=baseline.value,
                                   before=json.dumps(before))
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
     seconds = time.perf_counter() - t_start

@@ -33,6 +33,10 @@ holds), samples.md, curves.png, report.md and summary.json. An interrupted run r
     python chapters/ch08_ppo.py --kl-ctl fixed --kl-coef 0   # no KL penalty: watch the gold reward
     python chapters/ch08_ppo.py --task word-problems
     python chapters/ch08_ppo.py --quick                  # a smoke run (also LLMFS_QUICK=1)
+    torchrun --standalone --nproc_per_node=2 chapters/ch08_ppo.py   # 2 processes share each step's prompts
+
+Under torchrun --prompts is the step's global number: each rank samples its share with its own random stream and
+cuts its rows into --minibatches (ppo.ppo_step); rank 0 alone evaluates, records and saves.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from tqdm import tqdm
 
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import common  # chapters/common.py: the RL tasks' data, resuming, seed sweeps
-from llm_from_scratch import lora
+from llm_from_scratch import distributed, lora
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, read_jsonl
 from llm_from_scratch.course import prerequisite, quick_mode, require_real, start_run, write_summary
 from llm_from_scratch.device import seed_everything
@@ -224,7 +228,8 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
     gpt, reference = common.policy_and_reference(cfg, run, tok)  # with --lora-rank: one network, adapters off
     rm_dir = None  # chapter 6's run: the reward, the separate critic's start, or both
     if cfg.reward == "rm" or cfg.critic == "separate":
-        rm_dir = prerequisite("reward_model", cfg.quick, build=not cfg.no_build)
+        with distributed.main_first():  # under torchrun rank 0 builds it if it is missing
+            rm_dir = prerequisite("reward_model", cfg.quick, build=not cfg.no_build)
         require_real(rm_dir, cfg.quick)
     rm = None
     if cfg.reward == "rm":
@@ -278,48 +283,59 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     kl_ctl.value = state["kl_coef"] if state else kl_ctl.value
-    start_run(out)
-    if before is None:
+    main, W = distributed.is_main(), distributed.world_size()
+    forward = distributed.wrap(policy)  # DDP under torchrun (and the separate critic too)
+    forward_critic = distributed.wrap(critic) if critic is not None else None
+    if main:
+        start_run(out)
+    if before is None and main:  # rank 0 evaluates and writes; the others go on to the first step and wait there
         t0 = time.perf_counter()
         before = evaluate()
         append_metrics(out / "metrics.jsonl", {"step": 0, **record_of(before)})
         print(f"SFT model ({time.perf_counter() - t0:.0f} s): " + describe(before, cfg))
 
-    generator = torch.Generator(device=device).manual_seed(seed)  # the rollouts' random numbers
+    # the rollouts' (and minibatches') random numbers, each rank its own stream under torchrun
+    generator = torch.Generator(device=device).manual_seed(seed + 7919 * distributed.rank())
     if state:  # where the interrupted run's were: a resumed run samples what an uninterrupted one would have
-        generator.set_state(state["generator"])
+        common.restore_streams(generator, state)
     t_start = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), desc="ppo", unit="step", disable=cfg.quiet, dynamic_ncols=True)
+    bar = tqdm(range(start, cfg.steps), desc="ppo", unit="step", disable=cfg.quiet or not main, dynamic_ncols=True)
     for step in bar:
         prompts = common.batch_prompts(data.train_prompts, step, cfg.prompts)
+        prompts = prompts[distributed.shard_rows(len(prompts))] if W > 1 else prompts  # this rank's share
         t0 = time.perf_counter()
         ro = rollout(sampler, reference, tok, prompts, cfg.k, train_fn, None if cfg.reward == "gold" else data.gold_fn,
                      cfg.max_new_tokens, cfg.temperature, cfg.missing_eos_penalty, generator)
         t1 = time.perf_counter()
-        metrics = ppo_step(policy, critic, optimizer, ro, kl_ctl, ppo_cfg, generator)
+        metrics = ppo_step(forward, forward_critic, optimizer, ro, kl_ctl, ppo_cfg, generator)  # every rank's batch
         t2 = time.perf_counter()
         common.require_finite_metrics(metrics, ("loss/policy", "loss/value"), step + 1, out)
         if cfg.task == "stories":
-            metrics.update(common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions))
+            parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
+            metrics.update(common.shared_shares(parts, len(ro.prompts)))
         record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
         evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
-        if evaluating:
-            record.update(record_of(evaluate()))
-            for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
-                append_metrics(out / "rollout_samples.jsonl", row)
-        append_metrics(out / "metrics.jsonl", record)
-        if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
-            common.save_last(out, weights)
-            common.save_state(run, cfg, step + 1, optimizer, weights, generator=generator.get_state(),
-                              kl_coef=kl_ctl.value, before=json.dumps(before))
+        streams = common.rollout_streams(generator) if evaluating else None  # every rank's, for the checkpoint
+        if main:  # rank 0 evaluates, records and saves
+            if evaluating:
+                record.update(record_of(evaluate()))
+                for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
+                    append_metrics(out / "rollout_samples.jsonl", row)
+            append_metrics(out / "metrics.jsonl", record)
+            if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
+                common.save_last(out, weights)
+                common.save_state(run, cfg, step + 1, optimizer, weights, **streams, kl_coef=kl_ctl.value,
+                                  before=json.dumps(before))
         bar.set_postfix(reward=f"{metrics['proxy/reward']:.3f}", kl=f"{metrics['objective/kl']:.2f}",
                         coef=f"{kl_ctl.value:.3f}")
     seconds = time.perf_counter() - t_start
+    if not main:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
+        return distributed.broadcast_object(None)
 
     after = evaluate()
     save_policy(out, policy, critic)
     tok.save(out)
-    return report(cfg, run, before, after, seconds, memory)
+    return distributed.broadcast_object(report(cfg, run, before, after, seconds, memory))
 
 
 def curves(out: Path, records: list[dict], cfg: Config) -> None:
@@ -398,6 +414,7 @@ def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: flo
               "seconds_per_step": step_s, "seed": run.seed, "init": str(run.init), "lr": cfg.lr,
               "critic_lr": cfg.critic_lr, "prompts": cfg.prompts, "k": cfg.k, "temperature": cfg.temperature,
               "config": {k: flags[k] for k in CONFIG_KEYS}, "weights_held": memory, "device": str(run.device),
+              "processes": distributed.world_size(),
               "flags": flags, "origin": common.origin(run)}
     atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
     cell = common.markdown_cell
@@ -425,7 +442,6 @@ CONFIG_KEYS = ("critic_head", "epochs", "minibatches", "clip_eps", "clip_value",
 
 def main(argv=None) -> dict:
     cfg = parse_args(argv)
-    common.refuse_torchrun("chapter 8 (PPO)")
     runs = common.runs_of(cfg, run_name(cfg))  # one run, or one per seed (seed k from chapter 5's seed k)
     results = [common.finished_result(cfg, run) or ppo_run(cfg, run) for run in runs]
     if not cfg.seeds:

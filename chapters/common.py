@@ -352,10 +352,29 @@ def init_folder(path: Path, quick: bool) -> Path:
     return gpt2_weights.import_hf_gpt2(path, dst)
 
 
+def rollout_streams(generator: torch.Generator) -> dict:
+    """The rollouts' random state for the train state: {"generator": its state} in one process; under torchrun
+    {"generators": every rank's}, gathered on every rank (call it on all of them)."""
+    if distributed.world_size() == 1:
+        return {"generator": generator.get_state()}
+    return {"generators": distributed.all_gather_objects(generator.get_state())}
+
+
+def restore_streams(generator: torch.Generator, state: dict) -> None:
+    """Set the generator to this rank's saved state (rollout_streams); a checkpoint of another number of processes
+    cannot be continued stream for stream: the generator then keeps its fresh seed, and rank 0 says so."""
+    streams = state.get("generators") or [state["generator"]]
+    if len(streams) == distributed.world_size():
+        generator.set_state(streams[distributed.rank()])
+    elif distributed.is_main():
+        print(f"the checkpoint was saved by {len(streams)} process(es), this run has {distributed.world_size()}: the "
+              "rollouts' random numbers start anew from the seed")
+
+
 def refuse_torchrun(chapter: str) -> None:
     """A one-line error for a chapter whose loop does not yet share its work between processes (appendix B)."""
     if distributed.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-        raise ValueError(f"{chapter} does not run under torchrun yet (appendix B: chapters 4 to 7 do); run it as one "
+        raise ValueError(f"{chapter} does not run under torchrun yet (appendix B: chapters 4 to 8 do); run it as one "
                          "process")
 
 

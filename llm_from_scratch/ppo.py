@@ -30,10 +30,18 @@ forward pass, one trunk fewer.
 
 Tensors: per-token values (B, T) with a mask (B, T) that is 1 on completion tokens; a row's completion tokens
 are contiguous (left-padded prompt before, padding after its EOS), and padding never counts in a mean.
+
+Several processes (torchrun, see distributed.py): each rank passes its own rollout (its share of the prompts) and the
+policy (and a separate critic) wrapped by distributed.wrap. Every rank cuts its rows into the same number of
+minibatches, so all take the same optimizer steps. The whitening uses every rank's completion tokens (`whiten`), and
+each minibatch's loss, a mean over its tokens, is scaled by w_r = W n_r / N (N: the tokens of that minibatch on all
+ranks), so DDP's average is the loss of the ranks' minibatches together. The metrics and the KL controller's input are
+every rank's, the same on all.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +49,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from llm_from_scratch import distributed
 from llm_from_scratch.checkpoint import load_model, save_model
 from llm_from_scratch.generation import token_logprobs
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode
@@ -110,6 +119,21 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     residual = returns - values
     var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
     return (1 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """masked_whiten over every rank's completion tokens under torchrun (the sums and the squared deviations added
+    up over the ranks); masked_whiten itself in one process."""
+    if distributed.world_size() == 1:
+        return masked_whiten(x, mask, shift_mean, eps)
+    m = mask.to(x.dtype)
+    total, count = distributed.all_reduce([(x * m).sum().item(), m.sum().item()]).tolist()
+    mean = total / max(count, 1.0)
+    var = distributed.all_reduce([(((x - mean) ** 2) * m).sum().item()]).item() / max(count, 1.0)
+    white = (x - mean) / math.sqrt(var + eps)
+    if not shift_mean:
+        white = white + mean
+    return white * m
 
 
 class FixedKLController:
@@ -228,14 +252,19 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
              kl_ctl: AdaptiveKLController | FixedKLController, cfg: PPOConfig,
              generator: torch.Generator | None = None) -> dict[str, float]:
     """One PPO iteration on a rollout batch (see the module docstring); updates kl_ctl after. Returns the metrics.
-    critic=None: the policy is a PolicyValue (the shared critic)."""
-    B = ro.sequences.size(0)
+    critic=None: the policy is a PolicyValue (the shared critic). Under torchrun: this rank's rollout, the models
+    wrapped by distributed.wrap, and the metrics of every rank's rollout together (the module docstring)."""
+    B, W = ro.sequences.size(0), distributed.world_size()
     if not 1 <= cfg.minibatches <= B:
         raise ValueError(f"ppo_step: {cfg.minibatches} minibatches do not fit a batch of {B} rollouts")
+    if W > 1 and not all(distributed.is_wrapped(m) for m in (policy, critic) if m is not None):
+        raise ValueError("ppo_step under torchrun: pass the policy (and critic) wrapped by distributed.wrap, or the "
+                         "ranks' gradients are never averaged and their copies drift apart")
     mask = ro.mask.float()  # (B, T-1)
     where = generator.device if generator is not None else "cpu"  # a CUDA generator draws only on its own device
     orders = [torch.randperm(B, generator=generator, device=where) for _ in range(cfg.epochs)]  # each epoch's shuffle
     models = (policy,) if critic is None else (policy, critic)
+    bare = (distributed.unwrap(policy), distributed.unwrap(critic) if critic is not None else None)  # no DDP
     stats = defaultdict(list)
     with eval_mode(*models):  # dropout off: the old and new log-probs must come from the same function
         # 1. the policy and critic that sampled, without gradients, minibatch by minibatch as epoch 0 will see
@@ -243,16 +272,19 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
         old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask)  # (B, T-1)
         with torch.no_grad():
             for rows in orders[0].chunk(cfg.minibatches):
-                logp, values, entropy = logprobs_and_values(policy, critic, ro.sequences[rows], ro.attention_mask[rows],
+                logp, values, entropy = logprobs_and_values(*bare, ro.sequences[rows], ro.attention_mask[rows],
                                                             ro.temperature)
                 old_logp[rows], old_values[rows] = logp * mask[rows], values * mask[rows]
                 stats["policy/entropy"].append(masked_mean(entropy, mask[rows]).item())
         # 2. rewards per token, then advantages and returns by GAE
         rewards = per_token_rewards(ro.rewards, old_logp, ro.ref_logp, mask, kl_ctl.value)  # (B, T-1)
         if cfg.whiten_rewards:
-            rewards = masked_whiten(rewards, mask, shift_mean=False)
+            rewards = whiten(rewards, mask, shift_mean=False)
         advantages, returns = compute_gae(rewards, old_values, mask, cfg.gamma, cfg.lam)  # (B, T-1) each
-        advantages = masked_whiten(advantages, mask)  # over the batch's completion tokens only
+        advantages = whiten(advantages, mask)  # over the batch's completion tokens only (every rank's)
+        # each minibatch's tokens here and on every rank: its loss's share w_r = W n_r / N (W = 1: not used)
+        tokens = [mask[rows].sum().item() for order in orders for rows in order.chunk(cfg.minibatches)]
+        tokens_all = distributed.all_reduce(tokens).tolist() if W > 1 else tokens
         # 3. epochs of clipped updates over shuffled minibatches
         for epoch, order in enumerate(orders):
             for i, rows in enumerate(order.chunk(cfg.minibatches)):
@@ -265,6 +297,9 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
                 pg_loss, pg_clipfrac = clipped_policy_loss(logp, old, advantages[rows], m, cfg.clip_eps, how="token")
                 vf_loss, vf_clipfrac = clipped_value_loss(values, old_values[rows], returns[rows], m, cfg.clip_value)
                 loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * masked_mean(entropy, m)
+                if W > 1:  # w_r times this rank's token mean: DDP's average is the mean over the ranks' minibatches
+                    j = epoch * cfg.minibatches + i
+                    loss = loss * distributed.shard_weight(tokens[j], tokens_all[j])
                 loss.backward()
                 for name, group in zip(("policy/grad_norm", "value/grad_norm"), optimizer.param_groups):
                     norm = torch.nn.utils.clip_grad_norm_(group["params"], cfg.grad_clip or float("inf"))
@@ -279,6 +314,11 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
 
     kl = masked_sum(kl_k1(old_logp, ro.ref_logp), mask, dim=1)  # (B,) per sequence, at the sampling policy
     kl3 = masked_sum(kl_k3(old_logp, ro.ref_logp), mask, dim=1)
+    if W > 1:
+        metrics = shared_ppo_metrics(stats, tokens, tokens_all, cfg.minibatches, ro, mask, kl, kl3, rewards, old_logp,
+                                     old_values, returns, kl_ctl.value)
+        kl_ctl.update(metrics["objective/kl"], int(metrics.pop("rows")))  # every rank's samples
+        return metrics
     metrics = {k: sum(v) / len(v) for k, v in stats.items()}
     metrics["policy/first_ratio_error"] = stats["policy/first_ratio_error"][0]
     metrics.update({
@@ -294,4 +334,50 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
         "completions/clipped_ratio": (~ro.ended).float().mean().item(),
     })
     kl_ctl.update(metrics["objective/kl"], B)  # the coefficient for the next batch
+    return metrics
+
+
+def shared_ppo_metrics(stats: dict[str, list[float]], tokens: list[float], tokens_all: list[float], minibatches: int,
+                       ro: Rollout, mask: torch.Tensor, kl: torch.Tensor, kl3: torch.Tensor, rewards: torch.Tensor,
+                       old_logp: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       kl_coef: float) -> dict[str, float]:
+    """ppo_step's metrics over every rank's rollout (torchrun), in two all-reduces: each minibatch's token-mean
+    statistics weighted by its tokens on each rank (then averaged over the minibatches, as in one process), the
+    batch's sums over sequences and tokens, and the squared deviations the explained variance needs. Also "rows":
+    the number of sequences of every rank, for the KL controller."""
+    steps = len(tokens)  # epochs × minibatches, the same on every rank
+    weighted = [name for name in ("loss/policy", "loss/value", "policy/clipfrac", "value/clipfrac", "policy/approxkl")]
+    local = [v * tokens[j] for name in weighted for j, v in enumerate(stats[name])]
+    local += [v * tokens[j] for j, v in enumerate(stats["policy/entropy"])]  # epoch 0's minibatches
+    m = mask
+    sums = {"rows": float(kl.numel()), "tokens": m.sum().item(), "kl": kl.sum().item(), "kl3": kl3.sum().item(),
+            "scores": ro.rewards.sum().item(), "rlhf": masked_sum(rewards, m, dim=1).sum().item(),
+            "neglogp": masked_sum(-old_logp, m).item(), "gold": ro.gold.sum().item(),
+            "values": masked_sum(old_values, m).item(), "returns": masked_sum(returns, m).item(),
+            "clipped": (~ro.ended).float().sum().item()}
+    reduced = distributed.all_reduce(local + list(sums.values())).tolist()
+    total = dict(zip(sums, reduced[len(local):]))
+    n, T = total["rows"], total["tokens"]
+    metrics = {}
+    for k, name in enumerate(weighted):
+        metrics[name] = sum(reduced[k * steps + j] / tokens_all[j] for j in range(steps)) / steps
+    entropy_at = len(weighted) * steps
+    metrics["policy/entropy"] = sum(reduced[entropy_at + j] / tokens_all[j] for j in range(minibatches)) / minibatches
+    metrics["policy/first_ratio_error"] = max(distributed.all_gather_objects(stats["policy/first_ratio_error"][0]))
+    for name in ("policy/grad_norm", "value/grad_norm"):  # of the all-reduced gradients: the same on every rank
+        metrics[name] = sum(stats[name]) / len(stats[name])
+    mean_return, mean_value = total["returns"] / T, total["values"] / T
+    residual = returns - old_values
+    deviations = distributed.all_reduce([masked_sum((returns - mean_return) ** 2, m).item(),
+                                         masked_sum((residual - (mean_return - mean_value)) ** 2, m).item()]).tolist()
+    var_returns, var_residual = deviations[0] / T, deviations[1] / T
+    metrics.update({
+        "objective/kl": total["kl"] / n, "objective/kl_k3": total["kl3"] / n, "objective/kl_coef": kl_coef,
+        "objective/scores": total["scores"] / n, "objective/non_score_reward": -kl_coef * total["kl"] / n,
+        "objective/rlhf_reward": total["rlhf"] / n, "objective/entropy": total["neglogp"] / T,
+        "proxy/reward": total["scores"] / n, "gold/reward": total["gold"] / n,
+        "value/explained_variance": 1 - var_residual / var_returns if var_returns > 0 else float("nan"),
+        "value/mean": mean_value, "value/return": mean_return, "completions/mean_length": T / n,
+        "completions/clipped_ratio": total["clipped"] / n, "rows": n,
+    })
     return metrics

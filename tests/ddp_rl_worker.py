@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llm_from_scratch import distributed  # noqa: E402
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode  # noqa: E402
 from llm_from_scratch.policy_gradient import MovingAverageBaseline, PGConfig, pg_update, rollout, shard_rollout  # noqa: E402,E501
+from llm_from_scratch.ppo import AdaptiveKLController, PolicyValue, PPOConfig, actor, make_optimizer, ppo_step  # noqa: E402,E501
+from llm_from_scratch.reward_model import RewardModel  # noqa: E402
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat  # noqa: E402
 
 TEXT = "Add 2 and 3. 5 Sort these words: cat, dog. cat, dog Once upon a time there was a kite. The end. " * 30
@@ -35,6 +37,7 @@ CASES = {  # name: the update's settings (k = 4 samples per prompt, 5 prompts: t
     "filter_idle_rank": dict(algo="grpo", loss_type="dapo", filter_groups=True, inner_epochs=2, beta=0.02),
 }
 RANK_1_PROMPTS = PROMPTS[3:]
+PPO_CASES = ("ppo_shared_critic", "ppo_separate_critic")  # one minibatch per epoch: the one-process batch exactly
 
 
 def tiny_gpt(tok: Tokenizer) -> GPT:
@@ -63,6 +66,28 @@ def update_case(tok: Tokenizer, name: str, device) -> dict:
     return {"steps": steps, "checksum": sum(float(p.detach().double().sum()) for p in policy.parameters())}
 
 
+def ppo_case(tok: Tokenizer, name: str, device) -> dict:
+    """Two PPO iterations (2 epochs of 1 minibatch each) with the adaptive KL controller, on the shared critic (a
+    value head on the policy) or a separate one (a reward-model-shaped trunk and head)."""
+    reference = tiny_gpt(tok).to(device)
+    if name == "ppo_shared_critic":
+        policy, critic = PolicyValue(tiny_gpt(tok)).to(device), None
+    else:
+        policy, critic = tiny_gpt(tok).to(device), RewardModel(tiny_gpt(tok)).to(device)
+    g = torch.Generator().manual_seed(0)  # the same global rollouts on every rank
+    batches = [rollout(actor(policy), reference, tok, PROMPTS, 4, length_reward, max_new_tokens=6, generator=g)
+               for _ in range(2)]
+    optimizer = make_optimizer(policy, critic, lr=1e-2, critic_lr=1e-2)
+    forward, forward_critic = distributed.wrap(policy), distributed.wrap(critic) if critic is not None else None
+    kl_ctl = AdaptiveKLController(0.05, target=0.01, horizon=50)  # far from the target: the coefficient moves
+    cfg = PPOConfig(epochs=2, minibatches=1, whiten_rewards=True)
+    steps = [ppo_step(forward, forward_critic, optimizer, shard_rollout(ro), kl_ctl, cfg,
+                      torch.Generator().manual_seed(1)) for ro in batches]
+    models = [policy] + ([critic] if critic is not None else [])
+    return {"steps": steps, "kl_coef": kl_ctl.value,
+            "checksum": sum(float(p.detach().double().sum()) for model in models for p in model.parameters())}
+
+
 def learn_case(tok: Tokenizer, device) -> dict:
     """Reward 1 when the one-token completion starts with a space; each rank samples its own prompt."""
     policy, reference = tiny_gpt(tok).to(device), tiny_gpt(tok).to(device)
@@ -89,12 +114,13 @@ def learn_case(tok: Tokenizer, device) -> dict:
 
 
 def main() -> None:
-    out, cases = Path(sys.argv[1]), sys.argv[2:] or [*CASES, "learn"]
+    out, cases = Path(sys.argv[1]), sys.argv[2:] or [*CASES, *PPO_CASES, "learn"]
     device = distributed.setup("cpu")
     tok = Tokenizer.train(TEXT, 300)  # deterministic: the same tokenizer in every process
     out.mkdir(parents=True, exist_ok=True)
     for name in cases:
-        result = learn_case(tok, device) if name == "learn" else update_case(tok, name, device)
+        result = (learn_case(tok, device) if name == "learn" else ppo_case(tok, name, device) if name in PPO_CASES
+                  else update_case(tok, name, device))
         checksums = distributed.all_gather_objects(result.pop("checksum"))
         if distributed.is_main():
             (out / f"{name}.json").write_text(json.dumps({**result, "world_size": distributed.world_size(),

@@ -142,15 +142,16 @@ def test_torchrun_with_mps_is_refused(monkeypatch):
         distributed.setup("mps")
 
 
-def test_chapters_4_to_7_under_torchrun(tmp_path):
+def test_chapters_4_to_8_under_torchrun(tmp_path):
     """The chapter scripts themselves on 2 processes (quick mode): rank 0 builds the tokenizer they need, both ranks
     train, rank 0 alone evaluates and writes, each step is recorded once. Chapter 7's quick run filters out every
-    group of one rank on some steps (that rank still joins the update), and saves both ranks' sampling streams."""
+    group of one rank on some steps (that rank still joins the update); chapters 7 and 8 save both ranks' sampling
+    streams."""
     env = {k: v for k, v in os.environ.items() if k not in distributed.TORCHRUN_VARIABLES}
     env.update(LLMFS_QUICK="1", LLMFS_RUNS_DIR=str(tmp_path), MPLBACKEND="Agg", OMP_NUM_THREADS="1")
     for chapter, stage in (("ch04_pretrain.py", "pretrain"), ("ch05_sft.py", "sft"),
                            ("ch06_reward_model.py", "reward_model"),
-                           ("ch07_policy_gradient.py", "pg_word-problems_rloo")):
+                           ("ch07_policy_gradient.py", "pg_word-problems_rloo"), ("ch08_ppo.py", "ppo_stories")):
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                                str(ROOT / "chapters" / chapter), "--quiet"], env=env, capture_output=True, text=True,
                               timeout=300)
@@ -158,7 +159,7 @@ def test_chapters_4_to_7_under_torchrun(tmp_path):
         summary = json.loads((tmp_path / "quick" / stage / "summary.json").read_text())
         assert summary["processes"] == 2, summary
         losses(tmp_path / "quick" / stage, "loss/train")  # one record per step
-        if stage.startswith("pg_"):
+        if stage.startswith(("pg_", "ppo_")):
             state = torch.load(tmp_path / "quick" / stage / "last" / "train_state.pt", weights_only=True)
             assert len(state["generators"]) == 2
         else:
@@ -166,14 +167,14 @@ def test_chapters_4_to_7_under_torchrun(tmp_path):
 
 
 def test_chapters_not_yet_shared_out_refuse_torchrun(monkeypatch):
-    """Chapters 8 and 9 say so in one line under torchrun, instead of running W copies that overwrite each other."""
+    """Chapter 9 says so in one line under torchrun, instead of running W copies that overwrite each other."""
     monkeypatch.syspath_prepend(str(ROOT / "chapters"))
     import common  # chapters/common.py
 
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "localhost"),
                         ("MASTER_PORT", "29500")):
         monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=r"chapter 8 \(PPO\) does not run under torchrun yet"):
-        common.refuse_torchrun("chapter 8 (PPO)")
+    with pytest.raises(ValueError, match=r"chapter 9 \(DPO\) does not run under torchrun yet"):
+        common.refuse_torchrun("chapter 9 (DPO)")
     monkeypatch.setenv("WORLD_SIZE", "1")
-    common.refuse_torchrun("chapter 8 (PPO)")  # torchrun with one process: nothing to refuse
+    common.refuse_torchrun("chapter 9 (DPO)")  # torchrun with one process: nothing to refuse

@@ -1,4 +1,4 @@
-"""Policy-gradient updates (policy_gradient.pg_update) on 2 processes under torchrun against 1, on this CPU with gloo.
+"""Policy-gradient and PPO updates (pg_update, ppo_step) on 2 processes under torchrun against 1, on this CPU with gloo.
 
 The runs are tests/ddp_rl_worker.py: every process samples the same global rollouts up front, each rank updates on
 its share of the prompts' groups, and the step's metrics and the weights must be the one process's; a live case
@@ -18,7 +18,8 @@ from llm_from_scratch import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "ddp_rl_worker.py"
-UPDATE_CASES = ["rloo", "grpo_kl_loss", "dapo_filtered", "reinforce_baseline", "filter_idle_rank"]
+UPDATE_CASES = ["rloo", "grpo_kl_loss", "dapo_filtered", "reinforce_baseline", "filter_idle_rank",
+                "ppo_shared_critic", "ppo_separate_critic"]
 
 
 def launch(out: Path, processes: int) -> None:
@@ -47,13 +48,15 @@ def test_two_processes_update_as_one(runs, case):
     """Every metric of every step (the loss, the KL, the rewards and their std, the entropy, the clip fraction, the
     rows the filter kept, the gradient norm) as one process computes it on the whole batch."""
     one, two = result(runs, "one", case), result(runs, "two", case)
-    assert two["world_size"] == 2 and len(one["steps"]) == len(two["steps"]) == 4
+    assert two["world_size"] == 2 and len(one["steps"]) == len(two["steps"]) == (2 if case.startswith("ppo") else 4)
     for step, (a, b) in enumerate(zip(one["steps"], two["steps"])):
         assert a.keys() == b.keys(), (case, step)
         for name in a:
             assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-5), (case, step, name)
     assert two["checksums"][0] == two["checksums"][1]  # the ranks' weights stay identical
     assert two["checksums"][0] == pytest.approx(one["checksums"][0], rel=1e-5)
+    if case.startswith("ppo"):  # the adaptive KL coefficient moved, and by every rank's KL alike
+        assert two["kl_coef"] == pytest.approx(one["kl_coef"], rel=1e-6) and one["kl_coef"] != 0.05
 
 
 def test_the_filter_case_drops_groups(runs):
