@@ -346,7 +346,7 @@ def shared_ppo_metrics(stats: dict[str, list[float]], tokens: list[float], token
     batch's sums over sequences and tokens, and the squared deviations the explained variance needs. Also "rows":
     the number of sequences of every rank, for the KL controller."""
     steps = len(tokens)  # epochs × minibatches, the same on every rank
-    weighted = [name for name in ("loss/policy", "loss/value", "policy/clipfrac", "value/clipfrac", "policy/approxkl")]
+    weighted = ("loss/policy", "loss/value", "policy/clipfrac", "value/clipfrac", "policy/approxkl")
     local = [v * tokens[j] for name in weighted for j, v in enumerate(stats[name])]
     local += [v * tokens[j] for j, v in enumerate(stats["policy/entropy"])]  # epoch 0's minibatches
     m = mask

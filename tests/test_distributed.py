@@ -144,9 +144,9 @@ def test_torchrun_with_mps_is_refused(monkeypatch):
 
 def test_chapters_4_to_8_under_torchrun(tmp_path):
     """The chapter scripts themselves on 2 processes (quick mode): rank 0 builds the tokenizer they need, both ranks
-    train, rank 0 alone evaluates and writes, each step is recorded once. Chapter 7's quick run filters out every
-    group of one rank on some steps (that rank still joins the update); chapters 7 and 8 save both ranks' sampling
-    streams."""
+    train, rank 0 alone evaluates and writes, each step is recorded once; chapters 7 and 8 save both ranks' sampling
+    streams. (Chapter 7 filters out equal groups: a rank left without a row must still join the update, or the run
+    hangs.)"""
     env = {k: v for k, v in os.environ.items() if k not in distributed.TORCHRUN_VARIABLES}
     env.update(LLMFS_QUICK="1", LLMFS_RUNS_DIR=str(tmp_path), MPLBACKEND="Agg", OMP_NUM_THREADS="1")
     for chapter, stage in (("ch04_pretrain.py", "pretrain"), ("ch05_sft.py", "sft"),
