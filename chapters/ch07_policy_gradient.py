@@ -296,11 +296,11 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     baseline.value = state["baseline"] if state else baseline.value
-    rank0, W = distributed.is_main(), distributed.world_size()
+    main, W = distributed.is_main(), distributed.world_size()
     forward = distributed.wrap(policy)  # DDP under torchrun: the update's gradients averaged over the ranks
-    if rank0:
+    if main:
         start_run(out)
-    if before is None and rank0:  # rank 0 evaluates and writes; the others go on to the first step and wait there
+    if before is None and main:  # rank 0 evaluates and writes; the others go on to the first step and wait there
         before = evaluate()
         if cfg.task == "word-problems" and cfg.pass_at_k:
             t0 = time.perf_counter()
@@ -309,7 +309,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
                   f"({time.perf_counter() - t0:.0f} s): "
                   + ", ".join(f"pass@{k} {v:.3f}" for k, v in before["pass_at_k"].items()))
         append_metrics(out / "metrics.jsonl", {"step": 0, **eval_record(before)})
-    if rank0:
+    if main:
         print(f"before: held-out {score_name(cfg.task)} {before['gold']:.3f}")
 
     # the rollouts' random numbers (each rank its own stream under torchrun)
@@ -317,7 +317,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     if state:  # where the interrupted run's were: a resumed run samples what an uninterrupted one would have
         common.restore_streams(generator, state)
     t_start = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), desc=cfg.algo, unit="step", disable=cfg.quiet or not rank0,
+    bar = tqdm(range(start, cfg.steps), desc=cfg.algo, unit="step", disable=cfg.quiet or not main,
                dynamic_ncols=True)
     for step in bar:
         prompts = common.batch_prompts(data.train_prompts, step, cfg.prompts)
@@ -330,11 +330,25 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
         metrics = pg_update(forward, optimizer, ro, update_cfg, baseline)  # every rank's batch: the same numbers
         t2 = time.perf_counter()
         common.require_finite_metrics(metrics, ("loss/policy",), step + 1, out)
-        common.finish_step(run, cfg, step + 1, metrics, ro, data, t1 - t0, t2 - t1, lambda: eval_record(evaluate()),
-                           optimizer, weights, generator, baseline=baseline.value, before=json.dumps(before))
+        if cfg.task == "stories":
+            parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
+            metrics.update(common.shared_shares(parts, len(ro.prompts)))
+        record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
+        evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
+        streams = common.rollout_streams(generator) if evaluating else None  # every rank's, for the checkpoint
+        if main:  # rank 0 evaluates, records and saves
+            if evaluating:
+                record.update(eval_record(evaluate()))
+                for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
+                    append_metrics(out / "rollout_samples.jsonl", row)
+            append_metrics(out / "metrics.jsonl", record)
+            if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
+                common.save_last(out, weights)
+                common.save_state(run, cfg, step + 1, optimizer, weights, **streams, baseline=baseline.value,
+                                  before=json.dumps(before))
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
     seconds = time.perf_counter() - t_start
-    if not rank0:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
+    if not main:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
         return distributed.broadcast_object(None)
 
     after = evaluate()

@@ -283,12 +283,12 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     kl_ctl.value = state["kl_coef"] if state else kl_ctl.value
-    rank0, W = distributed.is_main(), distributed.world_size()
+    main, W = distributed.is_main(), distributed.world_size()
     forward = distributed.wrap(policy)  # DDP under torchrun (and the separate critic too)
     forward_critic = distributed.wrap(critic) if critic is not None else None
-    if rank0:
+    if main:
         start_run(out)
-    if before is None and rank0:  # rank 0 evaluates and writes; the others go on to the first step and wait there
+    if before is None and main:  # rank 0 evaluates and writes; the others go on to the first step and wait there
         t0 = time.perf_counter()
         before = evaluate()
         append_metrics(out / "metrics.jsonl", {"step": 0, **record_of(before)})
@@ -299,7 +299,7 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
     if state:  # where the interrupted run's were: a resumed run samples what an uninterrupted one would have
         common.restore_streams(generator, state)
     t_start = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), desc="ppo", unit="step", disable=cfg.quiet or not rank0, dynamic_ncols=True)
+    bar = tqdm(range(start, cfg.steps), desc="ppo", unit="step", disable=cfg.quiet or not main, dynamic_ncols=True)
     for step in bar:
         prompts = common.batch_prompts(data.train_prompts, step, cfg.prompts)
         prompts = prompts[distributed.shard_rows(len(prompts))] if W > 1 else prompts  # this rank's share
@@ -310,12 +310,26 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
         metrics = ppo_step(forward, forward_critic, optimizer, ro, kl_ctl, ppo_cfg, generator)  # every rank's batch
         t2 = time.perf_counter()
         common.require_finite_metrics(metrics, ("loss/policy", "loss/value"), step + 1, out)
-        common.finish_step(run, cfg, step + 1, metrics, ro, data, t1 - t0, t2 - t1, lambda: record_of(evaluate()),
-                           optimizer, weights, generator, kl_coef=kl_ctl.value, before=json.dumps(before))
+        if cfg.task == "stories":
+            parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
+            metrics.update(common.shared_shares(parts, len(ro.prompts)))
+        record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
+        evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
+        streams = common.rollout_streams(generator) if evaluating else None  # every rank's, for the checkpoint
+        if main:  # rank 0 evaluates, records and saves
+            if evaluating:
+                record.update(record_of(evaluate()))
+                for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
+                    append_metrics(out / "rollout_samples.jsonl", row)
+            append_metrics(out / "metrics.jsonl", record)
+            if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
+                common.save_last(out, weights)
+                common.save_state(run, cfg, step + 1, optimizer, weights, **streams, kl_coef=kl_ctl.value,
+                                  before=json.dumps(before))
         bar.set_postfix(reward=f"{metrics['proxy/reward']:.3f}", kl=f"{metrics['objective/kl']:.2f}",
                         coef=f"{kl_ctl.value:.3f}")
     seconds = time.perf_counter() - t_start
-    if not rank0:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
+    if not main:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
         return distributed.broadcast_object(None)
 
     after = evaluate()

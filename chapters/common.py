@@ -32,7 +32,6 @@ import torch
 
 from llm_from_scratch import dataset_files, distributed, gold_rewards, gpt2_weights, lora
 from llm_from_scratch.checkpoint import (
-    append_metrics,
     atomic_write_text,
     load_state,
     load_train_state,
@@ -123,33 +122,6 @@ def step_record(step: int, metrics: dict, ro, rollout_s: float, update_s: float)
     generate / reference / reward seconds, the whole rollout, the update)."""
     return {"step": step, **metrics, **{f"time/{k}_s": v for k, v in ro.seconds.items()},
             "time/rollout_s": rollout_s, "time/update_s": update_s}
-
-
-def finish_step(run: Run, cfg, step: int, metrics: dict, ro, data: TaskData, rollout_s: float, update_s: float,
-                eval_record: Callable[[], dict], optimizer: torch.optim.Optimizer, weights: dict[str, torch.nn.Module],
-                generator: torch.Generator, **extra) -> None:
-    """The end of RL step `step` (chapters 7 and 8): for stories the gold parts the reward model cannot see (every
-    rank's samples), the step's record, and every eval_interval steps and at the last one a held-out evaluation
-    (eval_record() gives its metrics.jsonl keys), two rollout samples and the checkpoint, after the records it covers
-    (a kill between the two loses nothing). `extra`: what the train state keeps besides the rollouts' streams. Under
-    torchrun every rank calls it; rank 0 alone evaluates and writes."""
-    out = run.out
-    if cfg.task == "stories":
-        parts = story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
-        metrics.update(shared_shares(parts, len(ro.prompts)))
-    record = step_record(step, metrics, ro, rollout_s, update_s)
-    evaluating = step % cfg.eval_interval == 0 or step == cfg.steps
-    streams = rollout_streams(generator) if evaluating else None  # every rank's, for the checkpoint
-    if not distributed.is_main():
-        return
-    if evaluating:
-        record.update(eval_record())
-        for row in top_samples(ro, step, data.by_prompt, cfg.task):
-            append_metrics(out / "rollout_samples.jsonl", row)
-    append_metrics(out / "metrics.jsonl", record)
-    if evaluating:
-        save_last(out, weights)
-        save_state(run, cfg, step, optimizer, weights, **streams, **extra)
 
 
 def markdown_cell(text: str, width: int = 200) -> str:
