@@ -36,11 +36,17 @@ the algorithm's own loss, no filter, lr 2e-5.
     python chapters/ch07_policy_gradient.py --task stories --beta 0 # against the reward model, no KL
     python chapters/ch07_policy_gradient.py --loss-type own --no-filter-groups  # RLOO's own loss, no filter
     python chapters/ch07_policy_gradient.py --quick                 # a smoke run (also LLMFS_QUICK=1)
+    python chapters/ch07_policy_gradient.py --async                 # sample step t+1 while step t updates (appendix B)
     torchrun --standalone --nproc_per_node=2 chapters/ch07_policy_gradient.py   # 2 processes share each step's prompts
 
 Under torchrun --prompts is the step's global number: each rank samples its share (a prompt's k samples on one rank)
 with its own random stream; the update averages the gradients (policy_gradient.pg_update); rank 0 alone evaluates,
 records and saves, and the checkpoint keeps every rank's stream.
+
+With --async a worker process samples step t+1's batch with the weights of step t while step t's update runs (one
+step off-policy): each token's loss is weighted by min(π_old / μ, --is-cap), and metrics.jsonl logs offpolicy/ratio,
+ratio_max and capped (llm_from_scratch/async_rollouts.py states the estimator and its bias). A resumed run's first
+batch is sampled by the weights it updates, so it is not bit for bit the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ from llm_from_scratch.ppo import weights_held  # bytes of weights each network h
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer
+from llm_from_scratch.train import fused_if_cuda
 
 # Each task's recipe where the command line is silent. Word problems: RLOO with DAPO's token-level loss and its group
 # filter at lr 5e-5 gained the most of the four recipes measured from the course's SFT model (README, chapter 7).
@@ -89,7 +96,7 @@ TASK_DEFAULTS = {"word-problems": {"lr": 5e-5, "loss_type": "dapo", "filter_grou
 
 
 @dataclass(frozen=True)
-class Config(common.CommonFlags, common.LoRAFlags):
+class Config(common.CommonFlags, common.LoRAFlags, common.AsyncFlags):
     """Every flag, after the task's recipe and quick mode filled in the defaults: parsed once, never changed."""
     algo: str = "rloo"
     task: str = "word-problems"
@@ -171,12 +178,14 @@ def parse_args(argv=None) -> Config:
                     help="run seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, into "
                          "runs/pg_<task>_<algo>_seeds/, and print the spread")
     cli.add_lora_args(ap)
+    cli.add_async_args(ap)
     cli.add_common_args(ap, "pg_<task>_<algo>")
     cli.add_prerequisite_arg(ap)
     a = vars(ap.parse_args(argv))
     a["quick"] = a["quick"] or quick_mode()
     a["reward"] = a["reward"] or ("gold" if a["task"] == "word-problems" else "rm")
     cli.check_lora_args(ap, a, TASK_DEFAULTS[a["task"]]["lr"])
+    cli.check_async_args(ap, a)
     for name, value in TASK_DEFAULTS[a["task"]].items():  # the task's recipe where the command line is silent
         a[name] = value if a[name] is None else a[name]
     a["loss_type"] = None if a["loss_type"] == "own" else a["loss_type"]
@@ -214,14 +223,14 @@ def run_name(cfg: Config) -> str:
             + (f"_{cfg.loss_type or 'own'}" if cfg.loss_type != recipe["loss_type"] else "")
             + (("_filter" if cfg.filter_groups else "_nofilter") if cfg.filter_groups != recipe["filter_groups"]
                else "")
-            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else ""))
+            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else "") + ("_async" if cfg.async_rollouts else ""))
 
 
 def pg_config(cfg: Config) -> PGConfig:
     """The update's settings (eval.json records them under "config")."""
     return PGConfig(algo=cfg.algo, k=cfg.k, beta=cfg.beta, kl_in=cfg.kl_in, inner_epochs=cfg.inner_epochs,
                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, loss_type=cfg.loss_type,
-                    filter_groups=cfg.filter_groups)
+                    filter_groups=cfg.filter_groups, is_cap=cfg.is_cap)
 
 
 def score_name(task: str) -> str:
@@ -260,7 +269,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     seed_everything(seed)
     tok = Tokenizer.load(run.init)
     policy, reference = common.policy_and_reference(cfg, run, tok)  # with --lora-rank: one network, adapters off
-    rm = None
+    rm = rm_dir = None
     if cfg.reward == "rm" or cfg.task == "stories":
         with distributed.main_first():  # under torchrun rank 0 builds it if it is missing
             rm_dir = prerequisite("reward_model", cfg.quick, build=not cfg.no_build)
@@ -271,7 +280,8 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     train_fn = data.gold_fn if cfg.reward == "gold" else rm_fn
     proxy_fn = None if cfg.reward == "gold" else rm_fn  # what held-out answers score on the trained reward
     update_cfg = pg_config(cfg)
-    optimizer = torch.optim.AdamW(trainable_parameters(policy), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    params = trainable_parameters(policy)  # fused AdamW on a CUDA GPU (train.fused_if_cuda), as it was elsewhere
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0, **fused_if_cuda(params))
     baseline = MovingAverageBaseline()
     print(f"{cfg.algo} on {cfg.task} ({len(data.train_prompts):,} training prompts, {len(data.held_out)} held out), "
           f"reward: {'gold' if cfg.reward == 'gold' else 'the reward model'}; {cfg.prompts} prompts x {cfg.k} samples "
@@ -296,11 +306,11 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     baseline.value = state["baseline"] if state else baseline.value
-    main, W = distributed.is_main(), distributed.world_size()
+    rank0, W = distributed.is_main(), distributed.world_size()
     forward = distributed.wrap(policy)  # DDP under torchrun: the update's gradients averaged over the ranks
-    if main:
+    if rank0:
         start_run(out)
-    if before is None and main:  # rank 0 evaluates and writes; the others go on to the first step and wait there
+    if before is None and rank0:  # rank 0 evaluates and writes; the others go on to the first step and wait there
         before = evaluate()
         if cfg.task == "word-problems" and cfg.pass_at_k:
             t0 = time.perf_counter()
@@ -309,46 +319,57 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
                   f"({time.perf_counter() - t0:.0f} s): "
                   + ", ".join(f"pass@{k} {v:.3f}" for k, v in before["pass_at_k"].items()))
         append_metrics(out / "metrics.jsonl", {"step": 0, **eval_record(before)})
-    if main:
+    if rank0:
         print(f"before: held-out {score_name(cfg.task)} {before['gold']:.3f}")
 
     # the rollouts' random numbers (each rank its own stream under torchrun)
     generator = torch.Generator(device=device).manual_seed(seed + 7919 * distributed.rank())
     if state:  # where the interrupted run's were: a resumed run samples what an uninterrupted one would have
         common.restore_streams(generator, state)
-    t_start = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), desc=cfg.algo, unit="step", disable=cfg.quiet or not main,
-               dynamic_ncols=True)
-    for step in bar:
+    def prompts_of(step: int) -> list[str]:  # this rank's share of the step's prompts (all of them in one process)
         prompts = common.batch_prompts(data.train_prompts, step, cfg.prompts)
-        prompts = prompts[distributed.shard_rows(len(prompts))] if W > 1 else prompts  # this rank's share
-        t0 = time.perf_counter()
-        ro = rollout(policy, reference, tok, prompts, cfg.k, train_fn,  # gold is always logged; when it is the
-                     None if cfg.reward == "gold" else data.gold_fn,  # reward, the rollout copies it
-                     cfg.max_new_tokens, cfg.temperature, cfg.missing_eos_penalty, generator)
-        t1 = time.perf_counter()
-        metrics = pg_update(forward, optimizer, ro, update_cfg, baseline)  # every rank's batch: the same numbers
-        t2 = time.perf_counter()
-        common.require_finite_metrics(metrics, ("loss/policy",), step + 1, out)
-        if cfg.task == "stories":
-            parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
-            metrics.update(common.shared_shares(parts, len(ro.prompts)))
-        record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
-        evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
-        streams = common.rollout_streams(generator) if evaluating else None  # every rank's, for the checkpoint
-        if main:  # rank 0 evaluates, records and saves
-            if evaluating:
-                record.update(eval_record(evaluate()))
-                for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
-                    append_metrics(out / "rollout_samples.jsonl", row)
-            append_metrics(out / "metrics.jsonl", record)
-            if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
-                common.save_last(out, weights)
-                common.save_state(run, cfg, step + 1, optimizer, weights, **streams, baseline=baseline.value,
-                                  before=json.dumps(before))
-        bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
+        return prompts[distributed.shard_rows(len(prompts))] if W > 1 else prompts
+
+    t_start = time.perf_counter()
+    bar = tqdm(range(start, cfg.steps), desc=cfg.algo, unit="step", disable=cfg.quiet or not rank0,
+               dynamic_ncols=True)
+    with common.rollout_worker(cfg, run, rm_dir, generator) as worker:  # --async: the sampler in its own process
+        if worker is not None and start < cfg.steps:
+            worker.submit(policy, prompts_of(start))  # the first batch: sampled with the weights before any update
+        for step in bar:
+            t0 = time.perf_counter()
+            if worker is None:
+                ro = rollout(policy, reference, tok, prompts_of(step), cfg.k, train_fn,  # gold is always logged;
+                             None if cfg.reward == "gold" else data.gold_fn,  # when it is the reward, the rollout
+                             cfg.max_new_tokens, cfg.temperature, cfg.missing_eos_penalty, generator)  # copies it
+            else:  # sampled one update ago; the next batch is sampled with these weights while this update runs
+                ro = worker.receive()
+                generator.set_state(worker.stream)  # the worker's stream, for the checkpoint
+                if step + 1 < cfg.steps:
+                    worker.submit(policy, prompts_of(step + 1))
+            t1 = time.perf_counter()
+            metrics = pg_update(forward, optimizer, ro, update_cfg, baseline)  # every rank's batch: the same numbers
+            t2 = time.perf_counter()
+            common.require_finite_metrics(metrics, ("loss/policy",), step + 1, out)
+            if cfg.task == "stories":
+                parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
+                metrics.update(common.shared_shares(parts, len(ro.prompts)))
+            record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
+            evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
+            streams = common.rollout_streams(generator) if evaluating else None  # every rank's, for the checkpoint
+            if rank0:  # rank 0 evaluates, records and saves
+                if evaluating:
+                    record.update(eval_record(evaluate()))
+                    for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
+                        append_metrics(out / "rollout_samples.jsonl", row)
+                append_metrics(out / "metrics.jsonl", record)
+                if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
+                    common.save_last(out, weights)
+                    common.save_state(run, cfg, step + 1, optimizer, weights, **streams, baseline=baseline.value,
+                                      before=json.dumps(before))
+            bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
     seconds = time.perf_counter() - t_start
-    if not main:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
+    if not rank0:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
         return distributed.broadcast_object(None)
 
     after = evaluate()

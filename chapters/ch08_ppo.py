@@ -33,10 +33,15 @@ holds), samples.md, curves.png, report.md and summary.json. An interrupted run r
     python chapters/ch08_ppo.py --kl-ctl fixed --kl-coef 0   # no KL penalty: watch the gold reward
     python chapters/ch08_ppo.py --task word-problems
     python chapters/ch08_ppo.py --quick                  # a smoke run (also LLMFS_QUICK=1)
+    python chapters/ch08_ppo.py --async                  # sample step t+1 while step t updates (appendix B)
     torchrun --standalone --nproc_per_node=2 chapters/ch08_ppo.py   # 2 processes share each step's prompts
 
 Under torchrun --prompts is the step's global number: each rank samples its share with its own random stream and
 cuts its rows into --minibatches (ppo.ppo_step); rank 0 alone evaluates, records and saves.
+
+With --async a worker process samples step t+1's batch with the weights of step t while step t's update runs: the
+policy's clipped terms are weighted by min(π_old / μ, --is-cap) (ppo.py, llm_from_scratch/async_rollouts.py), and
+metrics.jsonl logs offpolicy/ratio, ratio_max and capped.
 """
 
 from __future__ import annotations
@@ -72,9 +77,11 @@ from llm_from_scratch.ppo import (
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.tokenizer import Tokenizer
 
+ASYNC_STREAM = 1_000_003  # --async: the worker's sampling stream is seeded apart from the minibatch shuffles
+
 
 @dataclass(frozen=True)
-class Config(common.CommonFlags, common.LoRAFlags):
+class Config(common.CommonFlags, common.LoRAFlags, common.AsyncFlags):
     """Every flag, after the task's defaults and quick mode filled them in: parsed once, never changed."""
     task: str = "stories"
     reward: str = "rm"  # what the policy is trained on: "rm" (chapter 6's reward model) or "gold"
@@ -161,10 +168,12 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="run seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, and print the spread")
     cli.add_lora_args(ap)
-    cli.add_common_args(ap, "ppo_<task>[_shared][_fixed<coef>][_lora<R>]")
+    cli.add_async_args(ap)
+    cli.add_common_args(ap, "ppo_<task>[_shared][_fixed<coef>][_lora<R>][_async]")
     cli.add_prerequisite_arg(ap)
     a = vars(ap.parse_args(argv))
     cli.check_lora_args(ap, a, 5e-5)
+    cli.check_async_args(ap, a)
     a["quick"] = a["quick"] or quick_mode()
     a["reward"] = a["reward"] or ("gold" if a["task"] == "word-problems" else "rm")
     a["temperature"] = a["temperature"] or (0.7 if a["task"] == "word-problems" else 1.0)
@@ -194,7 +203,7 @@ def parse_args(argv=None) -> Config:
 def run_name(cfg: Config) -> str:
     return (f"ppo_{cfg.task}" + ("_shared" if cfg.critic == "shared" else "")
             + (f"_fixed{cfg.kl_coef:g}" if cfg.kl_ctl == "fixed" else "")
-            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else ""))
+            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else "") + ("_async" if cfg.async_rollouts else ""))
 
 
 def eval_key(task: str) -> str:
@@ -251,7 +260,7 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
     train_fn = data.gold_fn if cfg.reward == "gold" else rm_fn
     ppo_cfg = PPOConfig(epochs=cfg.epochs, minibatches=cfg.minibatches, clip_eps=cfg.clip_eps,
                         clip_value=cfg.clip_value, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, gamma=cfg.gamma,
-                        lam=cfg.lam, whiten_rewards=cfg.whiten_rewards)
+                        lam=cfg.lam, whiten_rewards=cfg.whiten_rewards, is_cap=cfg.is_cap)
     kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_ctl == "adaptive"
               else FixedKLController(cfg.kl_coef))
     optimizer = make_optimizer(policy, critic, cfg.lr, cfg.critic_lr)
@@ -283,53 +292,72 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
     kl_ctl.value = state["kl_coef"] if state else kl_ctl.value
-    main, W = distributed.is_main(), distributed.world_size()
+    rank0, W = distributed.is_main(), distributed.world_size()
     forward = distributed.wrap(policy)  # DDP under torchrun (and the separate critic too)
     forward_critic = distributed.wrap(critic) if critic is not None else None
-    if main:
+    if rank0:
         start_run(out)
-    if before is None and main:  # rank 0 evaluates and writes; the others go on to the first step and wait there
+    if before is None and rank0:  # rank 0 evaluates and writes; the others go on to the first step and wait there
         t0 = time.perf_counter()
         before = evaluate()
         append_metrics(out / "metrics.jsonl", {"step": 0, **record_of(before)})
         print(f"SFT model ({time.perf_counter() - t0:.0f} s): " + describe(before, cfg))
 
-    # the rollouts' (and minibatches') random numbers, each rank its own stream under torchrun
+    # the rollouts' (and minibatches') random numbers, each rank its own stream under torchrun; with --async the
+    # worker samples from a stream of its own (`sampling`), and `generator` only shuffles the minibatches
     generator = torch.Generator(device=device).manual_seed(seed + 7919 * distributed.rank())
+    sampling = torch.Generator(device=device).manual_seed(seed + 7919 * distributed.rank() + ASYNC_STREAM)
     if state:  # where the interrupted run's were: a resumed run samples what an uninterrupted one would have
         common.restore_streams(generator, state)
-    t_start = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), desc="ppo", unit="step", disable=cfg.quiet or not main, dynamic_ncols=True)
-    for step in bar:
+        common.restore_streams(sampling, state, "sampling")
+
+    def prompts_of(step: int) -> list[str]:  # this rank's share of the step's prompts (all of them in one process)
         prompts = common.batch_prompts(data.train_prompts, step, cfg.prompts)
-        prompts = prompts[distributed.shard_rows(len(prompts))] if W > 1 else prompts  # this rank's share
-        t0 = time.perf_counter()
-        ro = rollout(sampler, reference, tok, prompts, cfg.k, train_fn, None if cfg.reward == "gold" else data.gold_fn,
-                     cfg.max_new_tokens, cfg.temperature, cfg.missing_eos_penalty, generator)
-        t1 = time.perf_counter()
-        metrics = ppo_step(forward, forward_critic, optimizer, ro, kl_ctl, ppo_cfg, generator)  # every rank's batch
-        t2 = time.perf_counter()
-        common.require_finite_metrics(metrics, ("loss/policy", "loss/value"), step + 1, out)
-        if cfg.task == "stories":
-            parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
-            metrics.update(common.shared_shares(parts, len(ro.prompts)))
-        record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
-        evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
-        streams = common.rollout_streams(generator) if evaluating else None  # every rank's, for the checkpoint
-        if main:  # rank 0 evaluates, records and saves
+        return prompts[distributed.shard_rows(len(prompts))] if W > 1 else prompts
+
+    t_start = time.perf_counter()
+    bar = tqdm(range(start, cfg.steps), desc="ppo", unit="step", disable=cfg.quiet or not rank0, dynamic_ncols=True)
+    with common.rollout_worker(cfg, run, rm_dir, sampling) as worker:  # --async: the sampler in its own process
+        if worker is not None and start < cfg.steps:
+            worker.submit(sampler, prompts_of(start))  # the first batch: sampled with the weights before any update
+        for step in bar:
+            t0 = time.perf_counter()
+            if worker is None:
+                ro = rollout(sampler, reference, tok, prompts_of(step), cfg.k, train_fn,
+                             None if cfg.reward == "gold" else data.gold_fn, cfg.max_new_tokens, cfg.temperature,
+                             cfg.missing_eos_penalty, generator)
+            else:  # sampled one update ago; the next batch is sampled with these weights while this update runs
+                ro = worker.receive()
+                sampling.set_state(worker.stream)  # the worker's stream, for the checkpoint
+                if step + 1 < cfg.steps:
+                    worker.submit(sampler, prompts_of(step + 1))
+            t1 = time.perf_counter()
+            metrics = ppo_step(forward, forward_critic, optimizer, ro, kl_ctl, ppo_cfg, generator)  # every rank's
+            t2 = time.perf_counter()
+            common.require_finite_metrics(metrics, ("loss/policy", "loss/value"), step + 1, out)
+            if cfg.task == "stories":
+                parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
+                metrics.update(common.shared_shares(parts, len(ro.prompts)))
+            record = common.step_record(step + 1, metrics, ro, t1 - t0, t2 - t1)
+            evaluating = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps
+            streams = None  # every rank's, for the checkpoint
             if evaluating:
-                record.update(record_of(evaluate()))
-                for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
-                    append_metrics(out / "rollout_samples.jsonl", row)
-            append_metrics(out / "metrics.jsonl", record)
-            if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
-                common.save_last(out, weights)
-                common.save_state(run, cfg, step + 1, optimizer, weights, **streams, kl_coef=kl_ctl.value,
-                                  before=json.dumps(before))
-        bar.set_postfix(reward=f"{metrics['proxy/reward']:.3f}", kl=f"{metrics['objective/kl']:.2f}",
-                        coef=f"{kl_ctl.value:.3f}")
+                streams = {**common.rollout_streams(generator),
+                           **(common.rollout_streams(sampling, "sampling") if worker is not None else {})}
+            if rank0:  # rank 0 evaluates, records and saves
+                if evaluating:
+                    record.update(record_of(evaluate()))
+                    for row in common.top_samples(ro, step + 1, data.by_prompt, cfg.task):
+                        append_metrics(out / "rollout_samples.jsonl", row)
+                append_metrics(out / "metrics.jsonl", record)
+                if evaluating:  # the checkpoint after the records it covers: a kill between the two loses nothing
+                    common.save_last(out, weights)
+                    common.save_state(run, cfg, step + 1, optimizer, weights, **streams, kl_coef=kl_ctl.value,
+                                      before=json.dumps(before))
+            bar.set_postfix(reward=f"{metrics['proxy/reward']:.3f}", kl=f"{metrics['objective/kl']:.2f}",
+                            coef=f"{kl_ctl.value:.3f}")
     seconds = time.perf_counter() - t_start
-    if not main:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
+    if not rank0:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
         return distributed.broadcast_object(None)
 
     after = evaluate()

@@ -33,6 +33,12 @@ the tiny world's Bradley–Terry noise): on-policy data, into runs/dpo_sampled/.
     python chapters/ch09_dpo.py --compare             # the β / loss-type comparison (notebook 09 reads it)
     python chapters/ch09_dpo.py --pairs sampled       # DPO on pairs of the SFT model's own stories
     python chapters/ch09_dpo.py --quick               # a smoke run (also LLMFS_QUICK=1)
+    torchrun --standalone --nproc_per_node=2 chapters/ch09_dpo.py   # 2 processes share each step's pairs
+
+Under torchrun --batch-size is the step's global number of pairs: every rank builds the same batch and computes its
+share of the pairs (dpo.dpo_step; with --reference live the reference scores only those), and the gradients are
+averaged; rank 0 computes the cached reference log-probs (the others read its file), and alone evaluates, records
+and saves. --compare runs as one process.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from tqdm import tqdm
 
 import cli  # chapters/cli.py: common flags, one-line errors (also puts the repository on sys.path)
 import common  # chapters/common.py: the story prompts, resuming, seed sweeps
-from llm_from_scratch import dataset_files, gold_rewards
+from llm_from_scratch import dataset_files, distributed, gold_rewards
 from llm_from_scratch.checkpoint import append_metrics, atomic_write_text, read_jsonl
 from llm_from_scratch.course import (
     finished_run,
@@ -73,6 +79,7 @@ from llm_from_scratch.dpo import (
     dpo_loss,
     dpo_step,
     frozen_logps,
+    pair_rows,
     preference_batch,
     preference_metrics,
     reference_logps,
@@ -84,7 +91,7 @@ from llm_from_scratch.plots import moving_average, save
 from llm_from_scratch.ppo import weights_held
 from llm_from_scratch.reward_model import agreement_by_part, gold_sign, load_preferences, ranking_scores
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
-from llm_from_scratch.train import TrainConfig, load_gpt, lr_at
+from llm_from_scratch.train import TrainConfig, fused_if_cuda, load_gpt, lr_at
 
 DEFAULT = ("sigmoid", 0.5, 0.0)  # the default loss: DPO with β = 0.5 (loss type, β, label smoothing)
 COMPARE = [("sigmoid", 0.1, 0.0), DEFAULT, ("sigmoid", 2.0, 0.0), ("ipo", 0.5, 0.0), ("sigmoid", 0.5, 0.1)]
@@ -217,19 +224,18 @@ class Pairs(NamedTuple):
     val: list[dict]  # the held-out pairs that fit the context
     val_rows: list[dict]  # every held-out pair (with its story spec: the rankings by gold part read it)
     train_ref: torch.Tensor | None  # (N_train, 2) the reference's log-probs (chosen, rejected); None: --reference live
-    val_ref: torch.Tensor  # (N_val, 2)
+    val_ref: torch.Tensor | None  # (N_val, 2); None on the ranks other than 0 with --reference live
 
 
-def training_rows(cfg: Config, run: common.Run, policy, tok, resuming: bool) -> list[dict]:
+def training_rows(cfg: Config, run: common.Run, policy, tok, story_prompts: list[dict], resuming: bool) -> list[dict]:
     """The pairs to train on: a file's (the tiny world's, or --train-pairs), or --pairs sampled: the SFT model's own
-    stories, sampled now (or, when resuming, read back from the run folder)."""
+    stories of `story_prompts`, sampled now (or, when resuming, read back from the run folder)."""
     if cfg.pairs == "tinyworld":  # a malformed line: an error naming it
         return load_preferences(cfg.train_pairs or dataset_paths(cfg)["preferences_train"])
     pairs_file = run.out / "sampled_pairs.jsonl"
     if resuming and pairs_file.is_file():
         return load_preferences(pairs_file)
     t0 = time.perf_counter()
-    story_prompts = common.task_data("stories", cfg.quick, 0).train_prompts
     sft = policy if not resuming else load_gpt(run.init, device=run.device, vocab_size=tok.vocab_size, dropout=0.0)
     rows = sampled_pairs(sft, tok, story_prompts, cfg.samples_per_prompt, cfg.temperature, cfg.max_new_tokens,
                          run.seed)  # the SFT model's own stories (a resumed policy has already moved)
@@ -256,6 +262,20 @@ def pair_eval(policy, tok, pairs: list[dict], ref: torch.Tensor, loss: DPOConfig
     return {"loss": losses.mean().item(), **preference_metrics(rc, rr, logps[:, 0], logps[:, 1])}, logps
 
 
+def live_reference_logps(live, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """--reference live: the reference's log-probs of a global batch's N pairs, chosen (N,) and rejected (N,). Under
+    torchrun the reference scores only this rank's pairs (distributed.shard_rows), the only ones dpo_step reads; the
+    other ranks' entries are NaN, so a step that read them would stop on a NaN loss."""
+    if distributed.world_size() == 1:
+        return frozen_logps(live, *batch)
+    n_pairs = batch[0].size(0) // 2
+    mine = distributed.shard_rows(n_pairs)
+    chosen, rejected = frozen_logps(live, *pair_rows(batch, mine))  # (n_r,) each
+    both = torch.full((2, n_pairs), float("nan"), dtype=chosen.dtype, device=chosen.device)  # (2, N)
+    both[0, mine], both[1, mine] = chosen, rejected
+    return both[0], both[1]
+
+
 def side_by_side(step: int, before: dict, now: dict) -> list[dict]:
     """The same held-out prompts, answered with the same random numbers by the reference and by the policy."""
     return [{"step": step, "prompt": b["prompt"], "reference": b["response"], "policy": n["response"],
@@ -263,28 +283,36 @@ def side_by_side(step: int, before: dict, now: dict) -> list[dict]:
 
 
 def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> dict:
-    """One DPO run from the SFT model in run.init into run.out; returns what eval.json holds. shared_cache: --compare's
-    one file of reference log-probs for every loss (the same model, the same pairs)."""
+    """One DPO run from the SFT model in run.init into run.out; returns what eval.json holds (on every rank under
+    torchrun). shared_cache: --compare's one file of reference log-probs for every loss (the same model, the same
+    pairs)."""
     t_run = time.perf_counter()
     out, seed, device = run.out, run.seed, run.device
+    rank0, W = distributed.is_main(), distributed.world_size()
     seed_everything(seed)
     tok = Tokenizer.load(run.init)
     policy = load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0)
     base = common.add_lora(cfg, policy)  # --lora-rank: the reference is the policy with its adapters off
-    optimizer = torch.optim.AdamW(trainable_parameters(policy), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    params = trainable_parameters(policy)  # fused AdamW on a CUDA GPU (train.fused_if_cuda), as it was elsewhere
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0, **fused_if_cuda(params))
     weights = common.last_weights(policy)  # what out/last/ holds, for resuming
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "side_by_side.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
-    start_run(out)
+    if rank0:
+        start_run(out)
 
     ctx = policy.config.context_length
-    val_rows = load_preferences(dataset_paths(cfg)["preferences_val"])
-    train_rows = training_rows(cfg, run, policy, tok, resuming=state is not None)
+    with distributed.main_first():  # rank 0 writes the datasets if they are missing, the others read them
+        val_rows = load_preferences(dataset_paths(cfg)["preferences_val"])
+    stories = common.task_data("stories", cfg.quick, cfg.eval_prompts)
+    with distributed.main_first():  # --pairs sampled: rank 0 samples the pairs and saves them, the others read them
+        train_rows = training_rows(cfg, run, policy, tok, stories.train_prompts,
+                                   resuming=state is not None or not rank0)
     train, val = usable_pairs(tok, train_rows, ctx), usable_pairs(tok, val_rows, ctx)
     if not train:
         raise ValueError(f"{cfg.train_pairs or dataset_paths(cfg)['preferences_train']}: no pair fits the model's "
                          f"context of {ctx} tokens")
-    held_out = common.task_data("stories", cfg.quick, cfg.eval_prompts).held_out
+    held_out = stories.held_out
     loss_cfg = DPOConfig(beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
 
     def load_reference():
@@ -293,13 +321,14 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
         return load_gpt(run.init, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
 
     live = load_reference() if cfg.reference == "live" else None
-    if live is not None:  # held-out pairs are scored all at once either way
-        pairs = Pairs(train, val, val_rows, None, reference_logps(live, tok, val, 64))
+    if live is not None:  # held-out pairs are scored all at once either way (by rank 0: it alone evaluates)
+        pairs = Pairs(train, val, val_rows, None, reference_logps(live, tok, val, 64) if rank0 else None)
     else:
         t0 = time.perf_counter()
         cache_file = shared_cache or out / "reference_logps.safetensors"
-        cache, computed = cached_reference_logps(cache_file, load_reference, tok, {"train": train, "val": val},
-                                                 reuse=start > 0 or shared_cache is not None)
+        with distributed.main_first():  # rank 0 scores the pairs and saves them, the other ranks read its file
+            cache, computed = cached_reference_logps(cache_file, load_reference, tok, {"train": train, "val": val},
+                                                     reuse=start > 0 or shared_cache is not None or not rank0)
         pairs = Pairs(train, val, val_rows, cache["train"], cache["val"])
         if computed:
             print(f"the reference's log-probs of {len(train):,} + {len(val):,} pairs, once "
@@ -309,11 +338,14 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
           f"({len(train_rows) - len(train)} too long dropped), {len(val):,} held out; {cfg.steps} steps of "
           f"{cfg.batch_size} pairs ({cfg.steps * cfg.batch_size / len(train):.2f} epochs), lr {cfg.lr:g}; "
           f"reference {cfg.reference}; weights held while training: "
-          + ", ".join(f"{k} {v['params'] / 1e6:.2f} M" for k, v in memory.items()))
+          + ", ".join(f"{k} {v['params'] / 1e6:.2f} M" for k, v in memory.items())
+          + (f"; {W} processes share each batch" if W > 1 else ""))
+    forward = distributed.wrap(policy)  # DDP under torchrun: dpo_step's gradients averaged over the ranks
 
     def evaluate(step: int, record: bool = True) -> dict:
         """Held-out pair metrics and the sampled evaluation; appends their record and the side-by-side rows (not
-        when `record` is False: a run resumed at its last step has them already)."""
+        when `record` is False: a run resumed at its last step has them already). Rank 0's alone, through the bare
+        policy (not DDP's wrapper)."""
         metrics, _ = pair_eval(policy, tok, val, pairs.val_ref, loss_cfg)
         reference = live if live is not None else load_reference()  # cached mode: loaded for this evaluation only
         result = sampled_eval(policy, reference, tok, held_out, cfg.eval_samples, cfg.temperature,
@@ -326,7 +358,7 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
         return result
 
     t0 = time.perf_counter()
-    if before is None:
+    if before is None and rank0:  # rank 0 evaluates and writes; the others go on to the first step and wait there
         before = evaluate(0)
         print(f"SFT model ({time.perf_counter() - t0:.0f} s): held-out gold {before['gold']:.3f} ± "
               f"{before['gold_se']:.3f} ({before['n']} samples at T = {cfg.temperature})")
@@ -334,24 +366,26 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
     order = torch.cat([torch.randperm(len(train), generator=torch.Generator().manual_seed(seed * 1000 + e))
                        for e in range(math.ceil(cfg.steps * cfg.batch_size / len(train)))])
     t_start, eval_seconds, result = time.perf_counter(), 0.0, None
-    bar = tqdm(range(start, cfg.steps), desc="dpo", unit="step", disable=cfg.quiet, dynamic_ncols=True)
+    bar = tqdm(range(start, cfg.steps), desc="dpo", unit="step", disable=cfg.quiet or not rank0, dynamic_ncols=True)
     for step in bar:
-        idx = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
+        idx = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]  # the global batch, the same on every rank
         batch = tuple(t.to(device) for t in preference_batch(tok, [train[i] for i in idx.tolist()]))
         if live is not None:
-            ref_chosen, ref_rejected = frozen_logps(live, *batch)
+            ref_chosen, ref_rejected = live_reference_logps(live, batch)
         else:
             ref_chosen, ref_rejected = pairs.train_ref[idx, 0].to(device), pairs.train_ref[idx, 1].to(device)
         lr = lr_at(step, schedule)  # linear warmup, then cosine to lr/10 (chapter 4's schedule)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        metrics = dpo_step(policy, optimizer, batch, ref_chosen, ref_rejected, loss_cfg)
+        # under torchrun each rank computes its share of the pairs; the metrics are the global batch's on every rank
+        metrics = dpo_step(forward, optimizer, batch, ref_chosen, ref_rejected, loss_cfg)
         common.require_finite_metrics(metrics, ("loss",), step + 1, out)
-        append_metrics(out / "metrics.jsonl", {"step": step + 1, "lr": lr,
-                                               **{f"train/{k}": v for k, v in metrics.items()}})
+        if rank0:
+            append_metrics(out / "metrics.jsonl", {"step": step + 1, "lr": lr,
+                                                   **{f"train/{k}": v for k, v in metrics.items()}})
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['rewards/accuracies']:.2f}",
                         margin=f"{metrics['rewards/margins']:.2f}")
-        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
+        if rank0 and ((step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps):  # the others go on and wait
             t_eval = time.perf_counter()
             result = evaluate(step + 1)
             eval_seconds += time.perf_counter() - t_eval
@@ -360,6 +394,8 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
             common.save_last(out, weights)
             common.save_state(run, cfg, step + 1, optimizer, weights, before=json.dumps(before))
     seconds = time.perf_counter() - t_start
+    if not rank0:  # rank 0 evaluates the trained policy and writes the run; every rank returns its result
+        return distributed.broadcast_object(None)
     after = result if result is not None else evaluate(cfg.steps, record=False)  # resumed after its last step
     common.save_policy(policy, out)  # a LoRA policy with its adapters folded in
     tok.save(out)
@@ -370,7 +406,7 @@ def dpo_run(cfg: Config, run: common.Run, shared_cache: Path | None = None) -> d
     write_summary(out, {k: v for k, v in result.items() if k not in ("flags", "origin")}, cfg.quick)
     print(f"{shown(out)}: {result['wall_seconds'] / 60:.1f} min in all, the reference's pass and every evaluation "
           "included")
-    return result
+    return distributed.broadcast_object(result)
 
 
 def report(cfg: Config, run: common.Run, policy, tok, pairs: Pairs, outcome: dict) -> dict:
@@ -418,7 +454,8 @@ def report(cfg: Config, run: common.Run, policy, tok, pairs: Pairs, outcome: dic
               "epochs": cfg.steps * cfg.batch_size / len(pairs.train), "seconds": seconds,
               "train_seconds": train_seconds, "seconds_per_step": train_seconds / max(1, cfg.steps),
               "eval_samples": cfg.eval_samples, "temperature": cfg.temperature, "weights_held": outcome["memory"],
-              "device": str(run.device), "flags": common.flags_record(cfg), "origin": common.origin(run)}
+              "device": str(run.device), "processes": distributed.world_size(), "flags": common.flags_record(cfg),
+              "origin": common.origin(run)}
     cell = lambda s: common.markdown_cell(s, 220)  # noqa: E731
     rows = side_by_side(cfg.steps, before, after)
     samples = ["| prompt | reference (SFT) | gold | after DPO | gold |", "|---|---|---:|---|---:|"]
@@ -602,8 +639,8 @@ def main(argv=None) -> dict:
     cfg = parse_args(argv)
     if cfg.train_pairs:  # bad input fails now, naming the file and line, before any earlier chapter is built
         load_preferences(cfg.train_pairs)
-    common.refuse_torchrun("chapter 9 (DPO)")
     if cfg.compare:
+        common.refuse_torchrun("chapter 9 (DPO) --compare")  # one process: its variants share one reference cache
         return compare(cfg, runs_root(cfg.quick), pick_device(cfg.device))
     runs = common.runs_of(cfg, run_name(cfg))  # one run, or one per seed (seed k from chapter 5's seed k)
     results = [common.finished_result(cfg, run) or dpo_run(cfg, run) for run in runs]

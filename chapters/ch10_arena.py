@@ -94,7 +94,7 @@ from llm_from_scratch.plots import save
 from llm_from_scratch.reward_model import RewardModel, reward_fn
 from llm_from_scratch.sft import answer
 from llm_from_scratch.tokenizer import Tokenizer
-from llm_from_scratch.train import load_gpt, save_gpt
+from llm_from_scratch.train import fused_if_cuda, load_gpt, save_gpt
 
 # label -> (its folder under runs/arena/, chapter 7's --algo, its other flags), --rl-steps each: the three
 # estimators at chapter 7's KL penalty, then RLOO with none at all (β = 0) and 5x the learning rate, to show what
@@ -226,7 +226,8 @@ def rft_run(args, arena: Arena, sft: Path) -> Path:
     seed_everything(args.seed)
     policy = load_gpt(sft, device=device, vocab_size=tok.vocab_size, dropout=0.0)
     reference = load_gpt(sft, device=device, vocab_size=tok.vocab_size, dropout=0.0).requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    params = list(policy.parameters())  # fused AdamW on a CUDA GPU (train.fused_if_cuda); unchanged elsewhere
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0, **fused_if_cuda(params))
     generator = torch.Generator(device=device).manual_seed(args.seed)
     by_prompt = {p["prompt"]: p for p in stories_rl}
     print(f"RFT: {cfg.rounds} rounds of {cfg.prompts} prompts x {cfg.k} samples, keeping each prompt's best "

@@ -19,6 +19,7 @@ if str(ROOT) not in sys.path:
 from llm_from_scratch import distributed  # noqa: E402
 from llm_from_scratch.checkpoint import CheckpointError  # noqa: E402
 from llm_from_scratch.course import PrerequisiteError, rebuild_hint  # noqa: E402
+from llm_from_scratch.device import announce_first_pick  # noqa: E402
 
 # the errors bad input causes (the library raises ValueError or FileNotFoundError for those, with a message that
 # names the file, line or flag); anything else keeps its traceback
@@ -94,6 +95,27 @@ def check_lora_args(ap: argparse.ArgumentParser, a: dict, default_lr: float) -> 
         a["lr"] = default_lr * (LORA_LR_SCALE if a["lora_rank"] else 1)
 
 
+def add_async_args(ap: argparse.ArgumentParser) -> None:
+    """--async, --is-cap, --rollout-threads (chapters 7 and 8, appendix B); check them with check_async_args."""
+    ap.add_argument("--async", dest="async_rollouts", action="store_true",
+                    help="a worker process samples step t+1's batch with the weights of step t while step t's update "
+                         "runs (one step off-policy; each token's loss weighted by min(π_old / μ, --is-cap), "
+                         "llm_from_scratch/async_rollouts.py); the run goes to <name>_async (appendix B)")
+    ap.add_argument("--is-cap", type=positive_float, default=2.0, metavar="C",
+                    help="with --async: the cap C of the truncated importance weights (default 2)")
+    ap.add_argument("--rollout-threads", type=int, default=0, metavar="N",
+                    help="with --async: the worker's CPU threads; the trainer keeps the rest (default: half)")
+
+
+def check_async_args(ap: argparse.ArgumentParser, a: dict) -> None:
+    if not a["async_rollouts"] and (a["is_cap"] != 2.0 or a["rollout_threads"]):
+        ap.error("--is-cap and --rollout-threads need --async")
+    if a["is_cap"] < 1:
+        ap.error(f"--is-cap must be ≥ 1 (a cap below 1 shrinks every on-policy token's weight), got {a['is_cap']}")
+    if a["rollout_threads"] < 0:
+        ap.error("--rollout-threads must be ≥ 0 (0: half of the CPU threads)")
+
+
 def add_prerequisite_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-build", action="store_true",
                     help="when an earlier chapter's run is missing, stop and print the command that makes it "
@@ -101,8 +123,10 @@ def add_prerequisite_arg(ap: argparse.ArgumentParser) -> None:
 
 
 def run(main, argv: list[str] | None = None):
-    """Call main(argv); a user error becomes `error: ...` on stderr and exit code 2 (unless --debug)."""
+    """Call main(argv); a user error becomes `error: ...` on stderr and exit code 2 (unless --debug). The chapter's
+    first device pick prints the device and its precision (device.describe): every chapter, one place."""
     args = sys.argv[1:] if argv is None else argv
+    announce_first_pick()
     try:
         return main(argv)
     except USER_ERRORS as err:
@@ -114,6 +138,7 @@ def run(main, argv: list[str] | None = None):
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     finally:
+        announce_first_pick(on=False)  # a main that never picked a device leaves nothing behind for later code
         try:
             distributed.cleanup()  # leave torchrun's process group, if the chapter joined one
         except Exception as err:  # noqa: BLE001 (never hide the run's own error behind this one)

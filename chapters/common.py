@@ -17,6 +17,7 @@ Every chapter script imports the library, `cli.py` and this module, never anothe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -165,17 +166,27 @@ class LoRAFlags:
     lora_targets: str = "all"
 
 
-# the fields a run's flags record leaves out: CommonFlags', and the model a run starts from (--init; its seed k in a
-# sweep)
-PLUMBING = (*(f.name for f in dataclasses.fields(CommonFlags)), "init")
+@dataclasses.dataclass(frozen=True)
+class AsyncFlags:
+    """--async, --is-cap, --rollout-threads of chapters 7 and 8 (cli.add_async_args; appendix B): a worker process
+    samples each step's batch with the weights before the last update while the trainer updates (async_rollouts.py)."""
+    async_rollouts: bool = False
+    is_cap: float = 2.0  # C of the truncated importance weights min(π_old / μ, C)
+    rollout_threads: int = 0  # the worker's CPU threads (0: half of torch's); the trainer keeps the rest
+
+
+# the fields a run's flags record leaves out: CommonFlags', the model a run starts from (--init; its seed k in a
+# sweep), and how many threads the rollout worker gets (its speed, not what it computes)
+PLUMBING = (*(f.name for f in dataclasses.fields(CommonFlags)), "init", "rollout_threads")
 
 
 def flags_record(cfg) -> dict:
     """The config dataclass's fields that decide what a run computes, as JSON values: eval.json keeps them, and a
-    finished or interrupted run is reused only when they are the same. A run without LoRA records no LoRA flags, so
-    the runs made before appendix A existed are still the same runs."""
+    finished or interrupted run is reused only when they are the same. A run without LoRA records no LoRA flags, and
+    one without --async no async flags, so the runs made before appendices A and B existed are still the same runs."""
     flags = {k: v for k, v in dataclasses.asdict(cfg).items()
-             if k not in PLUMBING and not (k.startswith("lora_") and not getattr(cfg, "lora_rank", 0))}
+             if k not in PLUMBING and not (k.startswith("lora_") and not getattr(cfg, "lora_rank", 0))
+             and not (k in ("async_rollouts", "is_cap") and not getattr(cfg, "async_rollouts", False))}
     return json.loads(json.dumps(flags, default=str))
 
 
@@ -352,18 +363,20 @@ def init_folder(path: Path, quick: bool) -> Path:
     return gpt2_weights.import_hf_gpt2(path, dst)
 
 
-def rollout_streams(generator: torch.Generator) -> dict:
-    """The rollouts' random state for the train state: {"generator": its state} in one process; under torchrun
-    {"generators": every rank's}, gathered on every rank (call it on all of them)."""
+def rollout_streams(generator: torch.Generator, key: str = "generator") -> dict:
+    """A random stream for the train state: {key: its state} in one process; under torchrun {key + "s": every
+    rank's}, gathered on every rank (call it on all of them)."""
     if distributed.world_size() == 1:
-        return {"generator": generator.get_state()}
-    return {"generators": distributed.all_gather_objects(generator.get_state())}
+        return {key: generator.get_state()}
+    return {f"{key}s": distributed.all_gather_objects(generator.get_state())}
 
 
-def restore_streams(generator: torch.Generator, state: dict) -> None:
+def restore_streams(generator: torch.Generator, state: dict, key: str = "generator") -> None:
     """Set the generator to this rank's saved state (rollout_streams); a checkpoint of another number of processes
     cannot be continued stream for stream: the generator then keeps its fresh seed, and rank 0 says so."""
-    streams = state.get("generators") or [state["generator"]]
+    streams = state.get(f"{key}s") or ([state[key]] if key in state else [])
+    if not streams:  # a checkpoint of a synchronous run continued with --async: the worker's stream starts anew
+        return
     if len(streams) == distributed.world_size():
         generator.set_state(streams[distributed.rank()])
     elif distributed.is_main():
@@ -371,10 +384,86 @@ def restore_streams(generator: torch.Generator, state: dict) -> None:
               "rollouts' random numbers start anew from the seed")
 
 
+# ----------------------------------------------------------------------------- rollouts one step ahead (--async)
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSpec:
+    """What a rollout worker (--async) builds its sampler from: everything chapter 7's and 8's `rollout` calls take
+    besides the weights and the prompts, as plain values (it crosses to a fresh process)."""
+    init: Path  # the SFT model: the policy's architecture (its weights come with every request) and the reference
+    device: str
+    task: str
+    quick: bool
+    reward: str  # "gold" or "rm"
+    rm_dir: Path | None  # chapter 6's reward model, when the reward is "rm"
+    k: int
+    max_new_tokens: int
+    temperature: float
+    missing_eos_penalty: float
+    stream: torch.Tensor  # the sampling generator's state to start from
+    lora_rank: int = 0
+    lora_alpha: float | None = None
+    lora_targets: str = "all"
+
+
+def build_sampler(spec: SamplerSpec):
+    """In the worker process: the policy (LoRA'd as the trainer's), the frozen reference, the reward and the random
+    stream, once; returns sample(weights, prompts) -> (a Rollout with the sampler's own log-probs, the stream)."""
+    from llm_from_scratch.policy_gradient import rollout  # the worker's imports, not every chapter's
+    from llm_from_scratch.reward_model import RewardModel, reward_fn
+    from llm_from_scratch.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(spec.init)
+    run = Run(spec.init, 0, spec.init, torch.device(spec.device))
+    policy, reference = policy_and_reference(spec, run, tok)
+    policy.requires_grad_(False)
+    data = task_data(spec.task, spec.quick, 0)
+    rm = (RewardModel.load(spec.rm_dir, device=run.device, vocab_size=tok.vocab_size).requires_grad_(False)
+          if spec.reward == "rm" else None)
+    train_fn = data.gold_fn if rm is None else reward_fn(rm, tok)
+    generator = torch.Generator(device=run.device)
+    generator.set_state(spec.stream)
+
+    def sample(weights: dict[str, torch.Tensor], prompts: list[str]):
+        policy.load_state_dict(weights)
+        ro = rollout(policy, reference, tok, prompts, spec.k, train_fn, None if rm is None else data.gold_fn,
+                     spec.max_new_tokens, spec.temperature, spec.missing_eos_penalty, generator, behaviour=True)
+        return ro, generator.get_state()
+
+    return sample
+
+
+@contextlib.contextmanager
+def rollout_worker(cfg, run: Run, rm_dir: Path | None, generator: torch.Generator):
+    """With --async: the worker process (async_rollouts.RolloutWorker), starting from `generator`'s state, with
+    --rollout-threads CPU threads (default half of this process's) while the trainer keeps the rest; stopped, and the
+    threads given back, when the block ends. Without --async: None."""
+    if not cfg.async_rollouts:
+        yield None
+        return
+    from llm_from_scratch.async_rollouts import RolloutWorker
+
+    threads_before = torch.get_num_threads()
+    threads = cfg.rollout_threads or max(1, threads_before // 2)
+    spec = SamplerSpec(run.init, str(run.device), cfg.task, cfg.quick, cfg.reward,
+                       rm_dir if cfg.reward == "rm" else None, cfg.k, cfg.max_new_tokens, cfg.temperature,
+                       cfg.missing_eos_penalty, generator.get_state(), cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+    torch.set_num_threads(max(1, threads_before - threads))
+    try:
+        with RolloutWorker(build_sampler, spec, threads) as worker:
+            if distributed.is_main():
+                print(f"--async: a worker process samples each batch with the weights before the last update "
+                      f"({threads} CPU thread(s), the trainer {torch.get_num_threads()}); importance weights capped "
+                      f"at {cfg.is_cap}")
+            yield worker
+    finally:
+        torch.set_num_threads(threads_before)
+
+
 def refuse_torchrun(chapter: str) -> None:
     """A one-line error for a chapter whose loop does not yet share its work between processes (appendix B)."""
     if distributed.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-        raise ValueError(f"{chapter} does not run under torchrun yet (appendix B: chapters 4 to 8 do); run it as one "
+        raise ValueError(f"{chapter} does not run under torchrun yet (appendix B: chapters 4 to 9 do); run it as one "
                          "process")
 
 

@@ -45,6 +45,12 @@ from llm_from_scratch.train import lm_loss, optimizer_step
 ScoreFn = Callable[[list[str], list[str]], "list[float] | torch.Tensor"]  # (prompts, responses) -> a score each
 
 
+def on_cpu(scores):
+    """A score_fn's scores where float64 exists: a tensor on a GPU comes to the CPU first (MPS has no float64);
+    a list, or a tensor already on the CPU, is returned as it is."""
+    return scores.detach().cpu() if torch.is_tensor(scores) else scores
+
+
 # ----------------------------------------------------------------------------- best-of-N
 
 
@@ -67,7 +73,7 @@ def best_of_n(model: GPT, tok: Tokenizer, prompts: list[str], n: int, score_fn: 
     repeated = [p for p in prompts for _ in range(n)]  # sample j of prompt i at i * n + j
     responses = [text for text, _ in answer(model, tok, repeated, max_new_tokens, temperature=temperature,
                                             generator=generator)]
-    scores = torch.as_tensor(score_fn(repeated, responses), dtype=torch.float64).view(len(prompts), n)  # (P, n)
+    scores = torch.as_tensor(on_cpu(score_fn(repeated, responses)), dtype=torch.float64).view(len(prompts), n)  # (P, n)
     best = scores.argmax(dim=1)  # (P,): the first maximum of each row
     return [{"prompt": p, "response": responses[i * n + int(b)], "score": scores[i, b].item(),
              "scores": scores[i].tolist()} for i, (p, b) in enumerate(zip(prompts, best))]
@@ -143,7 +149,7 @@ def rft_round(policy: GPT, tok: Tokenizer, prompts: list[str], score_fn: ScoreFn
     policy.eval()
     drawn = answer(policy, tok, repeated, cfg.max_new_tokens, temperature=cfg.temperature, generator=generator)
     texts = [t for t, _ in drawn]
-    scores = torch.as_tensor(score_fn(repeated, texts), dtype=torch.float64).flatten().cpu()  # (P * k,)
+    scores = torch.as_tensor(on_cpu(score_fn(repeated, texts)), dtype=torch.float64).flatten()  # (P * k,)
     encoded = [_encode(tok, p, t, policy.config.context_length) if e else None
                for p, (t, e) in zip(repeated, drawn)]  # (ids, prompt length) with EOS, or None: not usable
     usable = torch.tensor([e is not None for e in encoded])

@@ -50,8 +50,8 @@ CHAPTER = {
     "tinyworld": 1, "tasks": 1, "gold_rewards": 1, "preferences": 1, "dataset_files": 1, "tokenizer": 1, "data": 1,
     "attention": 2, "model": 3, "generation": 3, "train": 4, "sft": 5, "evaluation": 5, "reward_model": 6,
     "policy_gradient": 7, "ppo": 8, "dpo": 9, "arena": 10,
-    "lora": 11, "gpt2_weights": 13,  # appendices A and C: after the ten chapters (B, distributed.py, is a helper
-    # every trainer imports, so chapter 0)
+    "lora": 11, "async_rollouts": 12, "gpt2_weights": 13,  # appendices A, B and C: after the ten chapters (B's
+    # distributed.py is a helper every trainer imports, so chapter 0)
     "classroom": 14,
 }
 TAUGHT_IN = {"data.sft_collate": 5}  # functions that live in an earlier module than the chapter that teaches them

@@ -1,7 +1,10 @@
 """Where the tensors live, how random numbers start, and when to compute in bfloat16.
 
 * `pick_device("auto")` tries CUDA, then Apple's MPS, then the CPU; naming a device that is not
-  there is an error that lists the ones that are.
+  there is an error that lists the ones that are. On CUDA it also lets float32 matrix multiplications run in
+  TensorFloat-32 (`allow_tf32`): every chapter picks its device there, so this is the one place that sets it.
+* `describe(device)` is the line a chapter prints first: the device, and the precision its float32 math runs in;
+  chapters/cli.py has the first `pick_device` of a chapter script print it (`announce_first_pick`).
 * `seed_everything(seed)` seeds Python's `random`, NumPy and torch (CPU and every GPU) at once.
 * `autocast(device)` runs matrix multiplications in bfloat16 on CUDA GPUs that support it
   (Ampere and newer): half the memory traffic, tensor cores, and the same exponent range as float32
@@ -45,7 +48,8 @@ def available_devices() -> list[str]:
 def pick_device(name: str = "auto") -> torch.device:
     """`"auto"` → the best available (cuda → mps → cpu); otherwise the named device, checked to exist.
 
-    Accepts an index too (`"cuda:1"`). Raises ValueError naming what is available.
+    Accepts an index too (`"cuda:1"`). Raises ValueError naming what is available. A CUDA device gets TF32 float32
+    matmuls (`allow_tf32`); a CPU or MPS device changes nothing.
     """
     name = str(name).strip().lower()
     kind = name.split(":")[0]
@@ -53,14 +57,71 @@ def pick_device(name: str = "auto") -> torch.device:
         raise ValueError(f"unknown device {name!r}: choose one of {', '.join(DEVICE_CHOICES)}")
     have = available_devices()
     if kind == "auto":
-        return torch.device(have[0])
+        return _picked(torch.device(have[0]))
     if kind not in have:
         raise ValueError(f"device {name!r} is not available on this machine; available: {', '.join(have)}")
     if kind == "cuda" and ":" in name:
         index = int(name.split(":")[1])
         if index >= torch.cuda.device_count():
             raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return torch.device(name)
+    return _picked(torch.device(name))
+
+
+def _picked(device: torch.device) -> torch.device:
+    global _announce
+    allow_tf32(device)
+    if _announce is not None:
+        announce, _announce = _announce, None  # once: the chapter's own device, not a later helper's pick
+        announce(device)
+    return device
+
+
+def allow_tf32(device: torch.device | str) -> bool:
+    """On CUDA, let float32 matrix multiplications use TensorFloat-32 tensor cores (Ampere and newer): inputs rounded
+    to a 10-bit mantissa, products summed in float32, several times float32's speed. It matters where a run computes
+    in float32 on a GPU: `--dtype float32`, and chapters 6 to 10, which train without autocast. Only CUDA's flag is
+    set (`torch.set_float32_matmul_precision("high")` would also let oneDNN round on some CPUs), so CPU and MPS
+    arithmetic stays bit for bit what it was. LLMFS_TF32=0 in the environment keeps full float32 on CUDA too.
+    Returns True when TF32 is now allowed."""
+    if torch.device(device).type != "cuda" or os.environ.get("LLMFS_TF32", "1") == "0":
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True  # the legacy flag: the one every torch >= 2.3 reads
+    return True
+
+
+_announce = None  # a callable(device) that the next pick_device calls once (announce_first_pick)
+
+
+def announce_first_pick(callback=None, on: bool = True) -> None:
+    """Have the next `pick_device` call `callback(device)` once (default: print `describe(device)`), so that a
+    script prints its device and precision when it picks them; on=False takes back an announcement not yet made.
+    chapters/cli.py's `run` sets it for every chapter. Under torchrun only rank 0 prints (the others' lines would
+    repeat it)."""
+    global _announce
+    if not on or (callback is None and os.environ.get("RANK", "0") != "0"):
+        _announce = None
+        return
+    _announce = callback or (lambda device: print(describe(device), flush=True))
+
+
+def describe(device: torch.device | str) -> str:
+    """One line: the device (a GPU by name), the precision float32 matrix products run in there, and whether bf16
+    autocast is on by default (`choose_dtype("auto")`). A chapter that trains with `--dtype` (chapters 4 and 5)
+    prints the precision it chose after this line."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        try:
+            tf32 = torch.backends.cuda.matmul.allow_tf32
+        except RuntimeError:  # torch >= 2.9 refuses to read it after the newer fp32_precision flag was set alone
+            tf32 = torch.backends.cuda.matmul.fp32_precision == "tf32"
+        name, matmuls = f"{device} ({torch.cuda.get_device_name(index)})", "TF32" if tf32 else "float32"
+    else:
+        threads = torch.get_num_threads()
+        name = f"cpu ({threads} thread{'s' if threads != 1 else ''})" if device.type == "cpu" else str(device)
+        matmuls = "float32"
+    bf16 = "on" if default_autocast_dtype(device) == torch.bfloat16 else "off"
+    return f"device {name} | float32 matmuls: {matmuls} | bf16 autocast by default: {bf16} | torch {torch.__version__}"
 
 
 def seed_everything(seed: int) -> None:

@@ -172,7 +172,8 @@ def global_means(columns: dict[str, torch.Tensor], n_global: int) -> dict[str, f
     """Means over a global batch of n_global items (pairs, rows) shared out between the ranks, from each rank's
     per-item values (name -> (n_r,)): the ranks' sums added up (one message for every column), over n_global. The
     same numbers on every rank; one process: the sums of its items over n_global."""
-    sums = all_reduce([v.detach().double().sum().item() for v in columns.values()])  # (len(columns),)
+    # summed in float64 on the CPU: MPS has no float64 (one process may call this on a Mac); a no-op copy on a CPU
+    sums = all_reduce([v.detach().cpu().double().sum().item() for v in columns.values()])  # (len(columns),)
     return {name: total / n_global for name, total in zip(columns, sums.tolist())}
 
 

@@ -59,6 +59,13 @@ A step: `rollout` samples k completions per prompt with the policy, scores them 
 (the gold reward, or the chapter-6 reward model) and the frozen reference's log-probs; `pg_update` turns that
 batch into advantages and one (or, for GRPO, a few) optimizer steps, and returns the step's metrics.
 
+Rollouts one step stale (`--async`, async_rollouts.py): a batch sampled by an older policy μ (the weights before the
+last update) is used to update π_θ. Each per-token loss term is then weighted by the truncated importance ratio
+w_t = min(π_old(y_t) / μ(y_t), C), treated as a constant (`truncated_is_weights`; π_old: the policy as the update
+starts, the one whose log-probs make the KL and the advantages; C = `PGConfig.is_cap`). The ratio is per token, not
+the product over a sequence, and truncated, so the estimator is biased (async_rollouts.py says by how much); when the
+batch was sampled by π_old itself every w_t is exactly 1 and the update is the synchronous one.
+
 Several processes (torchrun, see distributed.py): each rank samples its own share of the step's prompts
 (`shard_rollout` cuts a rollout the same way), so a prompt's k samples stay on one rank and the group baselines need
 no communication. Every aggregation above is a mean over the batch's sequences (or, "token", its tokens): rank r's
@@ -193,27 +200,56 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, constant: i
 
 
 def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, how: str = "sum",
-                         constant: int | None = None) -> torch.Tensor:
+                         constant: int | None = None, weights: torch.Tensor | None = None) -> torch.Tensor:
     """The REINFORCE/RLOO surrogate: −A_i · log π(y_it), aggregated. logp (B, T) with gradients, advantages (B,)
-    (treated as constants), mask (B, T). Its gradient is minus the policy-gradient estimate."""
+    (treated as constants), mask (B, T). Its gradient is minus the policy-gradient estimate. weights (B, T): each
+    token's importance weight when the rows were sampled by another policy (`truncated_is_weights`), a constant."""
     per_token = -advantages.detach().unsqueeze(1) * logp  # (B, T)
+    if weights is not None:
+        per_token = per_token * weights.detach()
     return aggregate(per_token, mask, how, constant)
 
 
 def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                        clip_eps: float = 0.2, how: str = "sequence",
-                        constant: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        clip_eps: float = 0.2, how: str = "sequence", constant: int | None = None,
+                        weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped objective, per token (GRPO uses it over a few inner epochs of the same rollouts):
     ρ = exp(log π − log π_old), loss_t = −min(ρ A, clip(ρ, 1−ε, 1+ε) A). Advantages are one per sequence (B,)
-    (GRPO) or one per token (B, T) (PPO, from GAE). Returns (loss, clipfrac): the share of masked tokens where
-    the clipped term was the smaller one (where the gradient was cut)."""
+    (GRPO) or one per token (B, T) (PPO, from GAE). weights (B, T): rows sampled by a policy μ other than π_old
+    weigh each token's term by min(π_old / μ, C) (`truncated_is_weights`: the clip keeps π near π_old, the weight
+    corrects for π_old ≠ μ). Returns (loss, clipfrac): the share of masked tokens where the clipped term was the
+    smaller one (where the gradient was cut)."""
     ratio = torch.exp(logp - old_logp.detach())  # (B, T)
     adv = advantages.detach()
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
     unclipped, clipped = ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
-    loss = aggregate(-torch.minimum(unclipped, clipped), mask, how, constant)
+    per_token = -torch.minimum(unclipped, clipped)  # (B, T)
+    if weights is not None:
+        per_token = per_token * weights.detach()
+    loss = aggregate(per_token, mask, how, constant)
     clipfrac = masked_mean((clipped < unclipped).float(), mask)
     return loss, clipfrac.detach()
+
+
+def truncated_is_weights(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
+                         cap: float = 2.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token importance weights for rows sampled by a policy μ other than the one being updated:
+    w_t = min(exp(log π_old − log μ), cap), (B, T), no gradient, 0 off the mask (truncated importance sampling, as in
+    IMPALA's V-trace ρ̄ and verl's TIS). Also their statistics over the masked tokens, before the cap: offpolicy/ratio
+    (the mean ratio, 1 on-policy), offpolicy/ratio_max and offpolicy/capped (the share of tokens the cap cut). Under
+    torchrun: over every rank's tokens, the same on all."""
+    if cap < 1:
+        raise ValueError(f"truncated_is_weights: the cap must be ≥ 1 (1 would weigh every token ≤ 1), got {cap}")
+    ratio = torch.exp(logp.detach() - behaviour_logp) * mask  # (B, T)
+    weights = ratio.clamp(max=cap)
+    stats = [masked_sum(ratio, mask).item(), masked_sum((ratio > cap).float(), mask).item(), mask.sum().item()]
+    top = ratio.max().item() if ratio.numel() else 0.0
+    if distributed.world_size() > 1:
+        stats = distributed.all_reduce(stats).tolist()
+        top = max(distributed.all_gather_objects(top))
+    tokens = max(stats[2], 1.0)
+    return weights, {"offpolicy/ratio": stats[0] / tokens, "offpolicy/ratio_max": top,
+                     "offpolicy/capped": stats[1] / tokens}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -245,15 +281,20 @@ class Rollout:
     k: int
     temperature: float
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase: generate, reference, reward
+    # (B, T-1) the sampling policy's own log-probs, 0 off the mask, when the batch may be used by a later policy
+    # (async_rollouts.py); None: the batch is on-policy, sampled by the weights it updates
+    behaviour_logp: torch.Tensor | None = None
 
 
 @torch.no_grad()
 def rollout(policy: GPT, reference: GPT, tok: Tokenizer, prompts: list[str], k: int, reward_fn: RewardFn,
             gold_fn: RewardFn | None = None, max_new_tokens: int = 128, temperature: float = 1.0,
-            missing_eos_penalty: float | None = None, generator: torch.Generator | None = None) -> Rollout:
+            missing_eos_penalty: float | None = None, generator: torch.Generator | None = None,
+            behaviour: bool = False) -> Rollout:
     """Sample k completions for each prompt with the policy (dropout off, KV cache), score them, and
     compute the reference's log-probs of them. A completion cut at max_new_tokens without an EOS loses
-    `missing_eos_penalty` from its reward."""
+    `missing_eos_penalty` from its reward. behaviour=True also keeps the policy's own log-probs of its samples
+    (Rollout.behaviour_logp), for an update by a later policy (async_rollouts.py)."""
     if temperature <= 0:
         raise ValueError(f"rollout: RL samples need a temperature > 0, got {temperature}")
     rows = [encode_chat(tok, p)[0] for p in prompts for _ in range(k)]  # (B = len(prompts) * k) token lists
@@ -264,6 +305,10 @@ def rollout(policy: GPT, reference: GPT, tok: Tokenizer, prompts: list[str], k: 
     t1 = time.perf_counter()
     with eval_mode(reference):
         ref_logp = sequence_logprobs(reference, gen.sequences, gen.attention_mask, temperature) * mask
+    behaviour_logp = None
+    if behaviour:  # by the same function as the update's, so a batch used at once has ratios of exactly 1
+        with eval_mode(policy):
+            behaviour_logp = sequence_logprobs(policy, gen.sequences, gen.attention_mask, temperature) * mask
     t2 = time.perf_counter()
     tokens = gen.completions()
     device = gen.sequences.device  # rewards live where the log-probs do (a CPU reward meets CUDA KL terms)
@@ -277,7 +322,7 @@ def rollout(policy: GPT, reference: GPT, tok: Tokenizer, prompts: list[str], k: 
         rewards = rewards - missing_eos_penalty * (~ended).float()
     seconds = {"generate": t1 - t0, "reference": t2 - t1, "reward": time.perf_counter() - t2}
     return Rollout(gen.sequences, gen.attention_mask, mask, ref_logp, rewards, gold, ended, row_prompts, texts, k,
-                   temperature, seconds)
+                   temperature, seconds, behaviour_logp)
 
 
 def shard_rollout(ro: Rollout) -> Rollout:
@@ -289,7 +334,7 @@ def shard_rollout(ro: Rollout) -> Rollout:
     rows = slice(groups.start * ro.k, groups.stop * ro.k)  # their k rows each
     return Rollout(ro.sequences[rows], ro.attention_mask[rows], ro.mask[rows], ro.ref_logp[rows], ro.rewards[rows],
                    ro.gold[rows], ro.ended[rows], ro.prompts[rows], ro.completions[rows], ro.k, ro.temperature,
-                   dict(ro.seconds))
+                   dict(ro.seconds), None if ro.behaviour_logp is None else ro.behaviour_logp[rows])
 
 
 @dataclass
@@ -305,6 +350,7 @@ class PGConfig:
     grad_clip: float = 1.0
     loss_type: str | None = None  # None: the algorithm's own aggregation; else one of LOSS_TYPES (TRL's names)
     filter_groups: bool = False  # DAPO's dynamic sampling, without refilling: drop groups whose rewards are all equal
+    is_cap: float = 2.0  # C of the truncated importance weights, for a batch sampled by an older policy (--async)
 
 
 LOSS_TYPES = {"grpo": "sequence", "dr_grpo": "constant", "dapo": "token"}  # TRL's loss_type -> `aggregate`'s how
@@ -370,6 +416,11 @@ def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: P
         score = ro.rewards - cfg.beta * seq_kl if cfg.kl_in == "reward" else ro.rewards  # (B,)
         adv_all = advantages(cfg.algo, score, cfg.k, baseline)  # (B,) per group, so the kept groups' are unchanged
         metrics.update(estimator_metrics(ro, score, seq_kl, kl3, old_all))
+        weights = None  # (B', T-1) with a batch sampled by an older policy: min(π_old / μ, C) per token
+        if ro.behaviour_logp is not None:  # the ratios' statistics over every row, the weights of the kept ones
+            weights_all, offpolicy = truncated_is_weights(old_all, ro.behaviour_logp, ro.mask, cfg.is_cap)
+            weights = weights_all[rows]
+            metrics.update(offpolicy)
         if kept == 0:  # every group (of every rank) was filtered: nothing to learn from this batch
             return metrics
         adv, old_logp = adv_all[rows], old_all[rows]  # (B',), (B', T-1)
@@ -383,13 +434,15 @@ def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: P
                     logp = logprobs(rows)  # (B', T-1)
                 if clipped:
                     loss, clipfrac = clipped_policy_loss(logp, old_logp, adv, mask, cfg.clip_eps, how,
-                                                         cfg.max_new_tokens)
+                                                         cfg.max_new_tokens, weights)
                     if W == 1:
                         metrics["policy/clipfrac"] = clipfrac.item()
                 else:
-                    loss = policy_gradient_loss(logp, adv, mask, how, cfg.max_new_tokens)
-                if cfg.kl_in == "loss":
-                    loss = loss + cfg.beta * aggregate(kl_k3(logp, ref_logp) * mask, mask, how, cfg.max_new_tokens)
+                    loss = policy_gradient_loss(logp, adv, mask, how, cfg.max_new_tokens, weights)
+                if cfg.kl_in == "loss":  # the KL's gradient on μ's samples: weighed by the same ratios
+                    k3 = kl_k3(logp, ref_logp) * mask  # (B', T-1)
+                    k3 = k3 * weights if weights is not None else k3
+                    loss = loss + cfg.beta * aggregate(k3, mask, how, cfg.max_new_tokens)
                 if W > 1:
                     loss = loss * scale  # w_r L_r: DDP's average is the loss of every rank's rows together
             loss.backward()
@@ -441,11 +494,12 @@ def estimator_metrics(ro: Rollout, score: torch.Tensor, seq_kl: torch.Tensor, kl
 def shared_estimator_metrics(ro: Rollout, score: torch.Tensor, seq_kl: torch.Tensor, kl3: torch.Tensor,
                              logp: torch.Tensor) -> dict[str, float]:
     """estimator_metrics over every rank's rows at once: each rank's sums, added up in one all-reduce, then divided
-    by the global counts (the reward's std from Σ s and Σ s², with n − 1 as estimator_metrics has it)."""
+    by the global counts (the reward's std from Σ s and Σ s², with n − 1 as estimator_metrics has it; Σ s² in
+    float64 on the CPU: MPS has no float64)."""
     mask = ro.mask.float()  # (B, T-1)
     equal = 1.0 - informative_groups(ro.rewards, ro.k).float() if ro.k > 1 else torch.zeros_like(ro.rewards)
     sums = {"rows": float(ro.rewards.numel()), "tokens": mask.sum().item(), "reward": score.sum().item(),
-            "reward_sq": (score.double() ** 2).sum().item(), "proxy/reward": ro.rewards.sum().item(),
+            "reward_sq": (score.detach().cpu().double() ** 2).sum().item(), "proxy/reward": ro.rewards.sum().item(),
             "gold/reward": ro.gold.sum().item(), "objective/kl": seq_kl.sum().item(),
             "objective/kl_k3": masked_sum(kl3, ro.mask, dim=1).sum().item(),
             "objective/entropy": masked_sum(-logp, ro.mask).item(), "completions/mean_length": mask.sum().item(),

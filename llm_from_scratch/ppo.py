@@ -31,6 +31,11 @@ forward pass, one trunk fewer.
 Tensors: per-token values (B, T) with a mask (B, T) that is 1 on completion tokens; a row's completion tokens
 are contiguous (left-padded prompt before, padding after its EOS), and padding never counts in a mean.
 
+A batch sampled one update ago (`--async`, async_rollouts.py) was drawn by μ, not by the policy π_old the update
+starts from. π_old stays the anchor of the clip (the "proximal" policy of decoupled PPO, Hilton et al., 2021), and
+each token's policy term is weighted by min(π_old / μ, C) (policy_gradient.truncated_is_weights); the critic
+regresses on μ's samples unweighted. On a batch sampled by π_old itself every weight is exactly 1.
+
 Several processes (torchrun, see distributed.py): each rank passes its own rollout (its share of the prompts) and the
 policy (and a separate critic) wrapped by distributed.wrap. Every rank cuts its rows into the same number of
 minibatches, so all take the same optimizer steps. The whitening uses every rank's completion tokens (`whiten`), and
@@ -61,7 +66,9 @@ from llm_from_scratch.policy_gradient import (
     masked_mean,
     masked_sum,
     masked_whiten,
+    truncated_is_weights,
 )
+from llm_from_scratch.train import fused_if_cuda
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
@@ -224,14 +231,15 @@ def logprobs_and_values(policy: nn.Module, critic: nn.Module | None, ids: torch.
 
 def make_optimizer(policy: nn.Module, critic: nn.Module | None, lr: float, critic_lr: float) -> torch.optim.AdamW:
     """AdamW with two parameter groups: the policy's weights (with a shared critic: the GPT, trunk included) at
-    `lr`, the critic's own (the separate trunk and its head, or only the value head) at `critic_lr`."""
+    `lr`, the critic's own (the separate trunk and its head, or only the value head) at `critic_lr`; fused on a CUDA
+    GPU (train.fused_if_cuda)."""
     if critic is None:
         groups = [list(policy.gpt.parameters()), list(policy.value_head.parameters())]
     else:
         groups = [list(policy.parameters()), list(critic.parameters())]
     groups = [[p for p in g if p.requires_grad] for g in groups]  # a frozen weight (LoRA's base) needs no state
     return torch.optim.AdamW([{"params": groups[0], "lr": lr}, {"params": groups[1], "lr": critic_lr}],
-                             betas=(0.9, 0.95), weight_decay=0.0)
+                             betas=(0.9, 0.95), weight_decay=0.0, **fused_if_cuda(groups[0] + groups[1]))
 
 
 @dataclass
@@ -246,6 +254,7 @@ class PPOConfig:
     lam: float = 0.95
     whiten_rewards: bool = False  # scale the per-token rewards to unit variance (their mean kept) before GAE
     grad_clip: float = 1.0  # applied to the policy's and the critic's parameter groups separately
+    is_cap: float = 2.0  # C of the truncated importance weights, for a batch sampled by an older policy (--async)
 
 
 def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim.Optimizer, ro: Rollout,
@@ -282,6 +291,9 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
             rewards = whiten(rewards, mask, shift_mean=False)
         advantages, returns = compute_gae(rewards, old_values, mask, cfg.gamma, cfg.lam)  # (B, T-1) each
         advantages = whiten(advantages, mask)  # over the batch's completion tokens only (every rank's)
+        weights, offpolicy = None, {}  # (B, T-1) with a batch sampled by an older policy μ: min(π_old / μ, C)
+        if ro.behaviour_logp is not None:
+            weights, offpolicy = truncated_is_weights(old_logp, ro.behaviour_logp, mask, cfg.is_cap)
         # each minibatch's tokens here and on every rank: its loss's share w_r = W n_r / N (W = 1: not used)
         tokens = [mask[rows].sum().item() for order in orders for rows in order.chunk(cfg.minibatches)]
         tokens_all = distributed.all_reduce(tokens).tolist() if W > 1 else tokens
@@ -294,7 +306,8 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
                 logp = logp * m
                 if epoch == 0 and i == 0:  # nothing has changed yet: ρ = 1 on every token, to the last bit
                     stats["policy/first_ratio_error"].append((torch.exp(logp - old) - 1).abs().max().item())
-                pg_loss, pg_clipfrac = clipped_policy_loss(logp, old, advantages[rows], m, cfg.clip_eps, how="token")
+                pg_loss, pg_clipfrac = clipped_policy_loss(logp, old, advantages[rows], m, cfg.clip_eps, how="token",
+                                                           weights=None if weights is None else weights[rows])
                 vf_loss, vf_clipfrac = clipped_value_loss(values, old_values[rows], returns[rows], m, cfg.clip_value)
                 loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * masked_mean(entropy, m)
                 if W > 1:  # w_r times this rank's token mean: DDP's average is the mean over the ranks' minibatches
@@ -318,7 +331,7 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
         metrics = shared_ppo_metrics(stats, tokens, tokens_all, cfg.minibatches, ro, mask, kl, kl3, rewards, old_logp,
                                      old_values, returns, kl_ctl.value)
         kl_ctl.update(metrics["objective/kl"], int(metrics.pop("rows")))  # every rank's samples
-        return metrics
+        return {**metrics, **offpolicy}
     metrics = {k: sum(v) / len(v) for k, v in stats.items()}
     metrics["policy/first_ratio_error"] = stats["policy/first_ratio_error"][0]
     metrics.update({
@@ -334,7 +347,7 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
         "completions/clipped_ratio": (~ro.ended).float().mean().item(),
     })
     kl_ctl.update(metrics["objective/kl"], B)  # the coefficient for the next batch
-    return metrics
+    return {**metrics, **offpolicy}
 
 
 def shared_ppo_metrics(stats: dict[str, list[float]], tokens: list[float], tokens_all: list[float], minibatches: int,

@@ -318,14 +318,16 @@ def agreement_by_part(parts: list[tuple[dict, dict]], margins: torch.Tensor, gol
 
 def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     """Pearson's correlation of two (N,) tensors (nan when one is constant)."""
-    a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
+    a, b = a.cpu().double(), b.cpu().double()  # float64 on the CPU: MPS has none (no copy when already there)
+    a, b = a - a.mean(), b - b.mean()
     denom = (a.norm() * b.norm()).item()
     return (a @ b).item() / denom if denom > 0 else float("nan")
 
 
 def average_ranks(x: torch.Tensor) -> torch.Tensor:
-    """Ranks 1..N of x's values, ties sharing the mean of their ranks: average_ranks([5, 1, 5]) = [2.5, 1, 2.5]."""
-    x = x.double()
+    """Ranks 1..N of x's values, ties sharing the mean of their ranks: average_ranks([5, 1, 5]) = [2.5, 1, 2.5]
+    (float64, on the CPU)."""
+    x = x.cpu().double()  # float64 on the CPU: MPS has none
     ranks = torch.empty_like(x)
     ranks[torch.argsort(x)] = torch.arange(1, len(x) + 1, dtype=x.dtype)
     _, group = torch.unique(x, return_inverse=True)

@@ -104,8 +104,26 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = {"fused": True} if next(model.parameters()).device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **fused)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **fused_if_cuda(params))
+
+
+def fused_if_cuda(params: Iterable[torch.Tensor]) -> dict:
+    """AdamW's keyword arguments for these parameters: {"fused": True} when every one is on a CUDA GPU (one kernel
+    updates them all, instead of a few per parameter tensor), else {} (the default implementation, unchanged on a
+    CPU or MPS). Fused AdamW refuses a mix of devices, so one parameter elsewhere is enough for {}.
+    Use: torch.optim.AdamW(params, lr=..., **fused_if_cuda(params)), with params a list (it is read here)."""
+    devices = {p.device.type for p in params}
+    return {"fused": True} if devices == {"cuda"} else {}
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A batch tensor on `device`. CUDA: through pinned (page-locked) host memory with non_blocking=True, so the copy
+    runs asynchronously while the CPU goes on queueing kernels. Elsewhere a plain copy: on a CPU `.to` returns the
+    tensor itself, and a non_blocking copy from pageable memory to MPS can read the source after it was freed
+    (pytorch/pytorch#139550, #189690: silently wrong tokens)."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -170,7 +188,7 @@ def accumulate_gradients(model: torch.nn.Module, micro_batches: list[Batch],
         if W > 1:
             rows = distributed.shard_rows(len(x))
             x, y = x[rows], y[rows]  # (B/W, T): this rank's share
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x, y = to_device(x, device), to_device(y, device)  # pinned and asynchronous on CUDA only
         with distributed.sync_gradients(model, sync=k == K - 1):  # DDP decides this in the forward pass
             with autocast(device, amp):
                 if W == 1:
@@ -197,7 +215,7 @@ def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device, dtype: st
         for i, (x, y) in enumerate(batches):
             if i % W != r:
                 continue
-            x, y = x.to(device), y.to(device)
+            x, y = to_device(x, device), to_device(y, device)
             with autocast(device, dtype_of(dtype)):
                 n = int((y != -100).sum())
                 total += lm_loss(model, x, y).item() * n

@@ -78,3 +78,34 @@ def test_keep_freed_memory_reuses_large_blocks_instead_of_faulting_them_in_again
     assert int(faults["off", False]) > 40_000  # 5 × 16,384 pages of 4 KiB, zeroed by the kernel
     assert int(faults["on", False]) < 2_000  # freed blocks reused
     assert int(faults["on", True]) > 40_000  # LLMFS_KEEP_FREED_MEMORY=0: as if never called
+
+
+def test_tf32_is_a_cuda_setting_only(monkeypatch):
+    """pick_device lets float32 matmuls use TF32 on CUDA alone: on a CPU (or MPS) the flag is left as it was, so CPU
+    arithmetic is the same bit for bit; LLMFS_TF32=0 keeps full float32 on CUDA too."""
+    from llm_from_scratch.device import allow_tf32
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    assert allow_tf32("cpu") is False and allow_tf32(torch.device("cpu")) is False
+    pick_device("cpu")
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+    monkeypatch.setenv("LLMFS_TF32", "0")
+    assert allow_tf32("cuda") is False and torch.backends.cuda.matmul.allow_tf32 == before
+
+
+def test_the_first_pick_announces_the_device_and_its_precision_once(capsys, monkeypatch):
+    from llm_from_scratch.device import announce_first_pick, describe
+
+    line = describe("cpu")
+    assert line.startswith("device cpu (") and "float32 matmuls: float32" in line and "bf16 autocast" in line
+    announce_first_pick()
+    pick_device("cpu")
+    pick_device("cpu")  # a later pick (a helper's) says nothing
+    assert capsys.readouterr().out == line + "\n"
+    announce_first_pick()
+    announce_first_pick(on=False)  # taken back before any pick
+    pick_device("cpu")
+    monkeypatch.setenv("RANK", "1")  # under torchrun only rank 0 prints
+    announce_first_pick()
+    pick_device("cpu")
+    assert capsys.readouterr().out == ""

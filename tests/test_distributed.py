@@ -142,39 +142,52 @@ def test_torchrun_with_mps_is_refused(monkeypatch):
         distributed.setup("mps")
 
 
-def test_chapters_4_to_8_under_torchrun(tmp_path):
+def test_chapters_4_to_9_under_torchrun(tmp_path):
     """The chapter scripts themselves on 2 processes (quick mode): rank 0 builds the tokenizer they need, both ranks
     train, rank 0 alone evaluates and writes, each step is recorded once; chapters 7 and 8 save both ranks' sampling
     streams. (Chapter 7 filters out equal groups: a rank left without a row must still join the update, or the run
-    hangs.)"""
+    hangs.) Chapter 9 (DPO, dropout 0, no sampling while training) then runs once more as one process: its 2
+    processes, each with half of every step's pairs and the reference log-probs rank 0 cached, give the same losses."""
     env = {k: v for k, v in os.environ.items() if k not in distributed.TORCHRUN_VARIABLES}
     env.update(LLMFS_QUICK="1", LLMFS_RUNS_DIR=str(tmp_path), MPLBACKEND="Agg", OMP_NUM_THREADS="1")
-    for chapter, stage in (("ch04_pretrain.py", "pretrain"), ("ch05_sft.py", "sft"),
-                           ("ch06_reward_model.py", "reward_model"),
-                           ("ch07_policy_gradient.py", "pg_word-problems_rloo"), ("ch08_ppo.py", "ppo_stories")):
+    for chapter, stage, key in (("ch04_pretrain.py", "pretrain", "loss/train"), ("ch05_sft.py", "sft", "loss/train"),
+                                ("ch06_reward_model.py", "reward_model", "loss/train"),
+                                ("ch07_policy_gradient.py", "pg_word-problems_rloo", "loss/train"),
+                                ("ch08_ppo.py", "ppo_stories", "loss/train"), ("ch09_dpo.py", "dpo", "train/loss")):
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                                str(ROOT / "chapters" / chapter), "--quiet"], env=env, capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         summary = json.loads((tmp_path / "quick" / stage / "summary.json").read_text())
         assert summary["processes"] == 2, summary
-        losses(tmp_path / "quick" / stage, "loss/train")  # one record per step
+        losses(tmp_path / "quick" / stage, key)  # one record per step
         if stage.startswith(("pg_", "ppo_")):
             state = torch.load(tmp_path / "quick" / stage / "last" / "train_state.pt", weights_only=True)
             assert len(state["generators"]) == 2
         else:
             assert "2 processes" in done.stdout, chapter
 
+    one = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch09_dpo.py"), "--quiet", "--out",
+                          str(tmp_path / "dpo_one_process")], env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    two, single = losses(tmp_path / "quick" / "dpo", "train/loss"), losses(tmp_path / "dpo_one_process", "train/loss")
+    steps = json.loads((tmp_path / "dpo_one_process" / "summary.json").read_text())["steps"]
+    assert list(two) == list(single) == list(range(1, steps + 1)), (two, single)
+    for step, loss in single.items():
+        assert two[step] == pytest.approx(loss, abs=1e-5), (step, two, single)
 
-def test_chapters_not_yet_shared_out_refuse_torchrun(monkeypatch):
-    """Chapter 9 says so in one line under torchrun, instead of running W copies that overwrite each other."""
+
+def test_dpo_compare_refuses_torchrun(monkeypatch):
+    """Chapter 9's --compare (its variants share one file of reference log-probs) runs as one process: under
+    torchrun it says so in one line, before it starts anything, instead of running W copies that overwrite each
+    other."""
     monkeypatch.syspath_prepend(str(ROOT / "chapters"))
-    import common  # chapters/common.py
+    import ch09_dpo
 
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "localhost"),
                         ("MASTER_PORT", "29500")):
         monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=r"chapter 9 \(DPO\) does not run under torchrun yet"):
-        common.refuse_torchrun("chapter 9 (DPO)")
+    with pytest.raises(ValueError, match=r"chapter 9 \(DPO\) --compare does not run under torchrun yet"):
+        ch09_dpo.main(["--compare", "--quick"])
     monkeypatch.setenv("WORLD_SIZE", "1")
-    common.refuse_torchrun("chapter 9 (DPO)")  # torchrun with one process: nothing to refuse
+    ch09_dpo.common.refuse_torchrun("chapter 9 (DPO) --compare")  # torchrun with one process: nothing to refuse

@@ -382,3 +382,16 @@ def test_window_sampler_targets_are_the_inputs_shifted_by_one():
     assert torch.equal(x, x2) and not torch.equal(x, sampler.batch(8)[0])  # a function of the step
     starts = torch.cat([sampler.batch(s)[0][:, 0] for s in range(200)])
     assert int(starts.max()) == 100 - 9  # the last window that fits is drawn too
+
+
+def test_fused_adamw_and_pinned_copies_are_for_cuda_only():
+    """On a CPU nothing changes: AdamW's default implementation, and batches handed on as they are (no copy); fused
+    AdamW needs every parameter on CUDA."""
+    from llm_from_scratch.train import fused_if_cuda, to_device
+
+    model = small_model()
+    assert fused_if_cuda(list(model.parameters())) == {}
+    assert fused_if_cuda([torch.zeros(1, device="meta")]) == {}
+    assert not configure_optimizer(model, TrainConfig()).defaults["fused"]
+    x = torch.zeros(2, 3, dtype=torch.long)
+    assert to_device(x, torch.device("cpu")) is x and to_device(x, "cpu") is x

@@ -223,8 +223,8 @@ BUGS: dict[str, list[tuple[str, str, str]]] = {
          "-torch.maximum(unclipped, clipped)"),
         ("the ratio inverted", "torch.exp(logp - old_logp.detach())", "torch.exp(old_logp.detach() - logp)"),
         ("only the clipped term", "-torch.minimum(unclipped, clipped)", "-clipped"),
-        ("the loss's sign flipped", "aggregate(-torch.minimum(unclipped, clipped),",
-         "aggregate(torch.minimum(unclipped, clipped),"),
+        ("the loss's sign flipped", "per_token = -torch.minimum(unclipped, clipped)",
+         "per_token = torch.minimum(unclipped, clipped)"),
     ],
     # ---------------------------------------------------------------- chapter 8
     "ppo.per_token_rewards": [

@@ -1,0 +1,244 @@
+"""Rollouts one step stale (async_rollouts.py, appendix B): the truncated importance weights, the update they change,
+the worker process, and chapter 7 with --async.
+
+With staleness 0 (a batch sampled by the weights it updates) the update must be the synchronous one bit for bit; with
+staleness 1 the ratios must be against the policy that sampled (a test where it differs from the one updated)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_chapters import KILLED_CH07  # chapter 7, SIGKILLed once it has recorded a given step
+
+from llm_from_scratch.async_rollouts import RolloutWorker
+from llm_from_scratch.generation import sequence_logprobs
+from llm_from_scratch.model import GPT, GPTConfig, eval_mode
+from llm_from_scratch.policy_gradient import (
+    PGConfig,
+    masked_sum,
+    pg_update,
+    rloo_advantages,
+    rollout,
+    truncated_is_weights,
+)
+from llm_from_scratch.ppo import AdaptiveKLController, PolicyValue, PPOConfig, make_optimizer, ppo_step
+from llm_from_scratch.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "Add 2 and 3. 5 Sort these words: cat, dog. cat, dog Once upon a time there was a kite. The end. " * 30
+PROMPTS = ["Add 2 and 3.", "Sort these words: cat, dog.", "Once upon a time"]
+
+
+def length_reward(prompts: list[str], completions: list[str]) -> list[float]:
+    return [float(len(c) % 3 == 0) + 0.1 * len(c) for c in completions]  # never all equal in a group
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.train(TEXT, 300)
+
+
+def tiny_gpt(tok: Tokenizer, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=64, n_layer=1, n_head=2, n_embd=32))
+
+
+def own_logprobs(policy, ro) -> torch.Tensor:  # (B, T-1): the policy's log-probs of the batch, as the update has them
+    with eval_mode(policy), torch.no_grad():
+        return sequence_logprobs(policy, ro.sequences, ro.attention_mask, ro.temperature) * ro.mask
+
+
+# ----------------------------------------------------------------------------- the weights, by hand
+
+def test_truncated_is_weights_by_hand():
+    """π_old / μ = 0.5/0.25, 0.2/0.4, 0.9/0.3 = 2, 0.5, 3 on the three real tokens; the cap 2 cuts only the 3 (a
+    ratio equal to the cap is not cut); the padded token weighs 0 and counts nowhere."""
+    logp = torch.log(torch.tensor([[0.5, 0.2], [0.9, 0.7]]))
+    mu = torch.log(torch.tensor([[0.25, 0.4], [0.3, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    weights, stats = truncated_is_weights(logp, mu, mask, cap=2.0)
+    assert torch.allclose(weights, torch.tensor([[2.0, 0.5], [2.0, 0.0]]))
+    assert stats["offpolicy/ratio"] == pytest.approx((2 + 0.5 + 3) / 3)
+    assert stats["offpolicy/ratio_max"] == pytest.approx(3.0)
+    assert stats["offpolicy/capped"] == pytest.approx(1 / 3)
+    on_policy, stats = truncated_is_weights(logp, logp.clone(), mask)
+    assert torch.equal(on_policy, mask) and stats["offpolicy/ratio"] == 1.0 and stats["offpolicy/capped"] == 0.0
+    with pytest.raises(ValueError, match="cap must be ≥ 1"):
+        truncated_is_weights(logp, mu, mask, cap=0.5)
+
+
+# ----------------------------------------------------------------------------- the update, staleness 0 and 1
+
+CASES = {"rloo": dict(algo="rloo", beta=0.05), "grpo_kl_loss": dict(algo="grpo", inner_epochs=2, kl_in="loss",
+                                                                     beta=0.05)}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_staleness_zero_is_the_synchronous_update_bit_for_bit(tok, case):
+    """A batch whose behaviour log-probs are the updated policy's own: every weight is exactly 1, and the metrics and
+    the weights after the update are those of the update without them."""
+    policy, reference = tiny_gpt(tok), tiny_gpt(tok, 1)
+    cfg = PGConfig(k=4, max_new_tokens=6, **CASES[case])
+    ro = rollout(policy, reference, tok, PROMPTS, 4, length_reward, max_new_tokens=6,
+                 generator=torch.Generator().manual_seed(0), behaviour=True)
+    assert torch.equal(ro.behaviour_logp, own_logprobs(policy, ro))  # the rollout kept the sampler's own log-probs
+    results = []
+    for behaviour in (ro.behaviour_logp, None):
+        model = copy.deepcopy(policy)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+        ro.behaviour_logp = behaviour
+        results.append((pg_update(model, optimizer, ro, cfg), model))
+    (stale, a), (sync, b) = results
+    assert stale.pop("offpolicy/ratio") == 1.0 and stale.pop("offpolicy/capped") == 0.0
+    assert stale.pop("offpolicy/ratio_max") == 1.0
+    assert stale == sync
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_staleness_one_weighs_by_the_sampler_not_the_updated_policy(tok):
+    """Sampled by θ0, updated at θ1 (one RLOO step later): the logged ratios are π_θ1 / π_θ0 of the sampled tokens,
+    and the loss is −mean_i Σ_t min(π_θ1/π_θ0, C)_it · A_i · log π_θ1(y_it), computed here independently. A ratio
+    against the updated policy itself (all 1) or against the reference gives another loss."""
+    policy, reference = tiny_gpt(tok), tiny_gpt(tok, 1)
+    cfg = PGConfig(k=4, max_new_tokens=6, beta=0.0, is_cap=1.2)
+    g = torch.Generator().manual_seed(0)
+    stale = rollout(policy, reference, tok, PROMPTS, 4, length_reward, max_new_tokens=6, generator=g, behaviour=True)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-2, weight_decay=0.0)
+    pg_update(policy, optimizer, rollout(policy, reference, tok, PROMPTS, 4, length_reward, max_new_tokens=6,
+                                         generator=g), cfg)  # θ0 -> θ1
+    logp1 = own_logprobs(policy, stale)  # (B, T-1) at θ1
+    mask = stale.mask.float()  # (B, T-1)
+    ratio = torch.exp(logp1 - stale.behaviour_logp) * mask
+    assert not torch.allclose(ratio, mask)  # the policy moved: the ratios differ from 1
+    adv = rloo_advantages(stale.rewards, 4)
+    expected = -(masked_sum(ratio.clamp(max=1.2) * adv[:, None] * logp1, stale.mask, dim=1)).mean().item()
+    wrong = {"the updated policy": mask, "the reference": (torch.exp(logp1 - stale.ref_logp) * mask).clamp(max=1.2)}
+    metrics = pg_update(copy.deepcopy(policy), torch.optim.AdamW(policy.parameters(), lr=0.0), stale, cfg)
+    assert metrics["offpolicy/ratio"] == pytest.approx((ratio.sum() / mask.sum()).item(), rel=1e-5)
+    assert metrics["offpolicy/ratio_max"] == pytest.approx(ratio.max().item(), rel=1e-5)
+    assert metrics["offpolicy/capped"] == pytest.approx(((ratio > 1.2).float().sum() / mask.sum()).item())
+    assert metrics["loss/policy"] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    for name, w in wrong.items():
+        other = -(masked_sum(w * adv[:, None] * logp1, stale.mask, dim=1)).mean().item()
+        assert not math.isclose(other, expected, rel_tol=1e-4), name  # the test tells these apart
+
+
+def test_ppo_weighs_its_clipped_terms_and_is_unchanged_at_staleness_zero(tok):
+    """PPO on a batch with the sampler's log-probs: at staleness 0 the same metrics and weights as without them (the
+    ratios are 1 to the last bit: the first minibatch's old log-probs are computed as the sampler's were); a batch
+    sampled by another policy weighs the clipped terms and logs ratios ≠ 1."""
+    reference = tiny_gpt(tok, 1)
+    policy = PolicyValue(tiny_gpt(tok))
+    ro = rollout(policy.gpt, reference, tok, PROMPTS, 4, length_reward, max_new_tokens=6,
+                 generator=torch.Generator().manual_seed(0), behaviour=True)
+    cfg = PPOConfig(epochs=2, minibatches=1)
+    runs = []
+    for behaviour in (ro.behaviour_logp, None):
+        model = copy.deepcopy(policy)
+        ro.behaviour_logp = behaviour
+        metrics = ppo_step(model, None, make_optimizer(model, None, 1e-2, 1e-2), ro,
+                           AdaptiveKLController(0.05, 1.0, 100), cfg, torch.Generator().manual_seed(1))
+        runs.append((metrics, model))
+    (stale, a), (sync, b) = runs
+    assert stale.pop("offpolicy/ratio") == 1.0 and stale.pop("offpolicy/capped") == 0.0
+    stale.pop("offpolicy/ratio_max")
+    assert stale == sync and all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    ro.behaviour_logp = own_logprobs(tiny_gpt(tok, 2), ro)  # as if another policy had sampled
+    metrics = ppo_step(copy.deepcopy(policy), None, make_optimizer(policy, None, 0.0, 0.0), ro,
+                       AdaptiveKLController(0.05, 1.0, 100), cfg, torch.Generator().manual_seed(1))
+    assert metrics["offpolicy/ratio"] != pytest.approx(1.0) and metrics["loss/policy"] != pytest.approx(
+        sync["loss/policy"])
+
+
+# ----------------------------------------------------------------------------- the worker process
+
+def toy_sampler(seed: int):
+    """A RolloutWorker build function (module level: it crosses to the spawned process by name)."""
+    tok = Tokenizer.train(TEXT, 300)
+    policy, reference = tiny_gpt(tok), tiny_gpt(tok, 1)
+    generator = torch.Generator().manual_seed(seed)
+
+    def sample(weights, prompts):
+        if not prompts:
+            raise ValueError("no prompts")
+        policy.load_state_dict(weights)
+        ro = rollout(policy, reference, tok, prompts, 4, length_reward, max_new_tokens=6, generator=generator,
+                     behaviour=True)
+        return ro, generator.get_state()
+
+    return sample
+
+
+def test_the_worker_samples_what_this_process_would_and_reports_its_errors(tok):
+    """The worker, sent these weights, returns the rollout this process samples with the same weights and random
+    stream, with the sampler's log-probs; while it holds a request the trainer's weights may change without reaching
+    it; an error in the worker comes back as one naming it."""
+    policy, reference = tiny_gpt(tok, 5), tiny_gpt(tok, 1)
+    here_g = torch.Generator().manual_seed(3)
+    with RolloutWorker(toy_sampler, 3) as worker:
+        worker.submit(policy, PROMPTS)
+        with torch.no_grad():  # the trainer's update, while the worker samples with the weights it was sent
+            for p in policy.parameters():
+                p.add_(1.0)
+        ro = worker.receive()
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.sub_(1.0)
+        here = rollout(policy, reference, tok, PROMPTS, 4, length_reward, max_new_tokens=6, generator=here_g)
+        assert torch.equal(ro.sequences, here.sequences) and ro.completions == here.completions
+        assert torch.equal(worker.stream, here_g.get_state())
+        assert torch.allclose(ro.behaviour_logp, own_logprobs(policy, here), atol=1e-5)
+        assert torch.allclose(ro.ref_logp, here.ref_logp, atol=1e-5)
+        worker.submit(policy, [])
+        with pytest.raises(RuntimeError, match="rollout worker failed:(.|\n)*ValueError: no prompts"):
+            worker.receive()
+
+
+# ----------------------------------------------------------------------------- chapter 7 with --async
+
+
+
+@pytest.mark.slow
+def test_chapter_7_async_killed_resumes_and_finishes(quick_env, tmp_path):
+    """Quick chapter 7 with --async, SIGKILLed after recording step 3 (checkpoint at step 2), then resumed: each step
+    recorded once; the first batch of each start is sampled by the weights it updates (ratio exactly 1), the others
+    one update earlier (ratios ≠ 1: a missing EOS costs 1, so the rewards vary and every update moves the weights);
+    the run records its flags, and its worker died with the trainer."""
+    out = tmp_path / "async"
+    flags = ["--quick", "--quiet", "--async", "--no-filter-groups", "--missing-eos-penalty", "1", "--out", str(out)]
+    marked = {**quick_env, "ASYNC_TEST_RUN": str(out)}  # the worker inherits it: how to find it afterwards
+    killed = subprocess.run([sys.executable, "-c", KILLED_CH07.format(chapters=str(ROOT / "chapters"), kill=3), *flags],
+                            capture_output=True, text=True, env=marked, timeout=600)
+    assert killed.returncode == -9, killed.stdout[-3000:] + killed.stderr[-3000:]
+    time.sleep(3)  # the worker notices within a second that its trainer is gone
+    assert not processes_with(f"ASYNC_TEST_RUN={out}"), "a rollout worker outlived its killed trainer"
+    done = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch07_policy_gradient.py"), *flags],
+                          capture_output=True, text=True, env=quick_env, timeout=600)
+    assert done.returncode == 0 and "resuming" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    ratios = {r["step"]: r["offpolicy/ratio"] for r in records if "offpolicy/ratio" in r}
+    assert ratios[1] == 1.0 and ratios[3] == 1.0  # a fresh start and the resumed one: sampled by these weights
+    assert ratios[2] != 1.0 and ratios[4] != 1.0  # sampled one update earlier
+    result = json.loads((out / "eval.json").read_text())
+    assert result["flags"]["async_rollouts"] is True and result["flags"]["is_cap"] == 2.0
+
+
+def processes_with(marker: str) -> list[str]:
+    """The pids of the running processes whose environment holds `marker` (Linux's /proc; elsewhere none)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes().split(b"\0"):
+                found.append(environ.parent.name)
+        except OSError:  # gone, or not ours to read
+            pass
+    return found
