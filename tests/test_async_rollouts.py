@@ -1,5 +1,5 @@
 """Rollouts one step stale (async_rollouts.py, appendix B): the truncated importance weights, the update they change,
-the worker process, and chapter 7 with --async.
+and the worker process (chapter 7 with --async, killed and resumed: tests/test_chapters.py).
 
 With staleness 0 (a batch sampled by the weights it updates) the update must be the synchronous one bit for bit; with
 staleness 1 the ratios must be against the policy that sampled (a test where it differs from the one updated)."""
@@ -7,16 +7,10 @@ staleness 1 the ratios must be against the policy that sampled (a test where it 
 from __future__ import annotations
 
 import copy
-import json
 import math
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
-from test_chapters import KILLED_CH07  # chapter 7, SIGKILLed once it has recorded a given step
 
 from llm_from_scratch.async_rollouts import RolloutWorker
 from llm_from_scratch.generation import sequence_logprobs
@@ -32,7 +26,6 @@ from llm_from_scratch.policy_gradient import (
 from llm_from_scratch.ppo import AdaptiveKLController, PolicyValue, PPOConfig, make_optimizer, ppo_step
 from llm_from_scratch.tokenizer import Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 TEXT = "Add 2 and 3. 5 Sort these words: cat, dog. cat, dog Once upon a time there was a kite. The end. " * 30
 PROMPTS = ["Add 2 and 3.", "Sort these words: cat, dog.", "Once upon a time"]
 
@@ -200,45 +193,3 @@ def test_the_worker_samples_what_this_process_would_and_reports_its_errors(tok):
         worker.submit(policy, [])
         with pytest.raises(RuntimeError, match="rollout worker failed:(.|\n)*ValueError: no prompts"):
             worker.receive()
-
-
-# ----------------------------------------------------------------------------- chapter 7 with --async
-
-
-
-@pytest.mark.slow
-def test_chapter_7_async_killed_resumes_and_finishes(quick_env, tmp_path):
-    """Quick chapter 7 with --async, SIGKILLed after recording step 3 (checkpoint at step 2), then resumed: each step
-    recorded once; the first batch of each start is sampled by the weights it updates (ratio exactly 1), the others
-    one update earlier (ratios ≠ 1: a missing EOS costs 1, so the rewards vary and every update moves the weights);
-    the run records its flags, and its worker died with the trainer."""
-    out = tmp_path / "async"
-    flags = ["--quick", "--quiet", "--async", "--no-filter-groups", "--missing-eos-penalty", "1", "--out", str(out)]
-    marked = {**quick_env, "ASYNC_TEST_RUN": str(out)}  # the worker inherits it: how to find it afterwards
-    killed = subprocess.run([sys.executable, "-c", KILLED_CH07.format(chapters=str(ROOT / "chapters"), kill=3), *flags],
-                            capture_output=True, text=True, env=marked, timeout=600)
-    assert killed.returncode == -9, killed.stdout[-3000:] + killed.stderr[-3000:]
-    time.sleep(3)  # the worker notices within a second that its trainer is gone
-    assert not processes_with(f"ASYNC_TEST_RUN={out}"), "a rollout worker outlived its killed trainer"
-    done = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch07_policy_gradient.py"), *flags],
-                          capture_output=True, text=True, env=quick_env, timeout=600)
-    assert done.returncode == 0 and "resuming" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
-    ratios = {r["step"]: r["offpolicy/ratio"] for r in records if "offpolicy/ratio" in r}
-    assert ratios[1] == 1.0 and ratios[3] == 1.0  # a fresh start and the resumed one: sampled by these weights
-    assert ratios[2] != 1.0 and ratios[4] != 1.0  # sampled one update earlier
-    result = json.loads((out / "eval.json").read_text())
-    assert result["flags"]["async_rollouts"] is True and result["flags"]["is_cap"] == 2.0
-
-
-def processes_with(marker: str) -> list[str]:
-    """The pids of the running processes whose environment holds `marker` (Linux's /proc; elsewhere none)."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if marker.encode() in environ.read_bytes().split(b"\0"):
-                found.append(environ.parent.name)
-        except OSError:  # gone, or not ours to read
-            pass
-    return found

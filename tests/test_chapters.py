@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -601,6 +602,46 @@ def test_policy_gradient_killed_before_and_after_its_first_checkpoint_ends_as_an
     assert records(out, "rollout_samples.jsonl") == records(uninterrupted, "rollout_samples.jsonl")
     a, b = load_file(str(uninterrupted / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+
+
+@pytest.mark.slow
+def test_chapter_7_async_killed_resumes_and_finishes(quick_env, tmp_path):
+    """Quick chapter 7 with --async, SIGKILLed after recording step 3 (checkpoint at step 2), then resumed: each step
+    recorded once; the first batch of each start is sampled by the weights it updates (ratio exactly 1), the others
+    one update earlier (ratios ≠ 1: a missing EOS costs 1, so the rewards vary and every update moves the weights);
+    the run records its flags, and its worker died with the trainer."""
+    out = tmp_path / "async"
+    flags = ["--quick", "--quiet", "--async", "--no-filter-groups", "--missing-eos-penalty", "1", "--out", str(out)]
+    marked = {**quick_env, "ASYNC_TEST_RUN": str(out)}  # the worker inherits it: how to find it afterwards
+    killed = subprocess.run([sys.executable, "-c", KILLED_CH07.format(chapters=str(ROOT / "chapters"), kill=3), *flags],
+                            capture_output=True, text=True, env=marked, timeout=600)
+    assert killed.returncode == -9, killed.stdout[-3000:] + killed.stderr[-3000:]
+    time.sleep(3)  # the worker notices within a second that its trainer is gone
+    assert not processes_with(f"ASYNC_TEST_RUN={out}"), "a rollout worker outlived its killed trainer"
+    done = subprocess.run([sys.executable, str(ROOT / "chapters" / "ch07_policy_gradient.py"), *flags],
+                          capture_output=True, text=True, env=quick_env, timeout=600)
+    assert done.returncode == 0 and "resuming" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    ratios = {r["step"]: r["offpolicy/ratio"] for r in records if "offpolicy/ratio" in r}
+    assert ratios[1] == 1.0 and ratios[3] == 1.0  # a fresh start and the resumed one: sampled by these weights
+    assert ratios[2] != 1.0 and ratios[4] != 1.0  # sampled one update earlier
+    result = json.loads((out / "eval.json").read_text())
+    assert result["flags"]["async_rollouts"] is True and result["flags"]["is_cap"] == 2.0
+
+
+def processes_with(marker: str) -> list[str]:
+    """The pids of the running processes whose environment holds `marker` (Linux's /proc; elsewhere none)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes().split(b"\0"):
+                found.append(environ.parent.name)
+        except OSError:  # gone, or not ours to read
+            pass
+    return found
 
 
 def test_resume_continues_only_the_same_flags_and_weights_and_cuts_the_logs_back(tmp_path, capsys):
