@@ -63,17 +63,17 @@ def weights_to_send(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
 
 
-def next_request(requests: mp.Queue):
+def next_request(inbox: mp.Queue):
     """The trainer's next request, or None when it says stop or has died (killed: no stop ever comes)."""
     while True:
         try:
-            return requests.get(timeout=1.0)
+            return inbox.get(timeout=1.0)
         except queue.Empty:
             if not mp.parent_process().is_alive():
                 return None
 
 
-def _serve(build: Callable[[Any], Sampler], spec: Any, threads: int, requests: mp.Queue, results: mp.Queue) -> None:
+def _serve(build: Callable[[Any], Sampler], spec: Any, threads: int, inbox: mp.Queue, results: mp.Queue) -> None:
     """The worker process: build the sampler, then answer requests until a None arrives."""
     for name in distributed.TORCHRUN_VARIABLES:  # a rank's worker is a plain process: no process group of its own
         os.environ.pop(name, None)
@@ -82,7 +82,7 @@ def _serve(build: Callable[[Any], Sampler], spec: Any, threads: int, requests: m
     try:
         sample = build(spec)
         results.put(("ready", None, None))
-        while (request := next_request(requests)) is not None:
+        while (request := next_request(inbox)) is not None:
             weights, prompts = request
             ro, stream = sample(weights, prompts)
             results.put(("rollout", ro, stream))
@@ -107,9 +107,9 @@ class RolloutWorker:
 
     def __init__(self, build: Callable[[Any], Sampler], spec: Any, threads: int = 1, timeout: float = 7200.0):
         ctx = mp.get_context("spawn")
-        self.requests, self.results = ctx.Queue(), ctx.Queue()
+        self.inbox, self.results = ctx.Queue(), ctx.Queue()
         self.timeout, self.pending, self.stream = timeout, 0, None
-        self.process = ctx.Process(target=_serve, args=(build, spec, threads, self.requests, self.results),
+        self.process = ctx.Process(target=_serve, args=(build, spec, threads, self.inbox, self.results),
                                    daemon=True, name="rollout-worker")
         self.process.start()
         self._get("ready")  # the sampler is built (models loaded) before the first request
@@ -118,7 +118,7 @@ class RolloutWorker:
         """Ask for the rollout of `prompts` sampled with `model`'s weights as they are now."""
         if self.pending:
             raise RuntimeError("RolloutWorker.submit: one request at a time (receive the last one first)")
-        self.requests.put((weights_to_send(model), list(prompts)))
+        self.inbox.put((weights_to_send(model), list(prompts)))
         self.pending = 1
 
     def receive(self) -> Rollout:
@@ -149,7 +149,7 @@ class RolloutWorker:
     def close(self) -> None:
         """Stop the worker (it finishes the request it is on, which nobody will read)."""
         if self.process.is_alive():
-            self.requests.put(None)
+            self.inbox.put(None)
             for _ in range(60):  # drain what it still sends: a process exits only once its queue is flushed
                 try:
                     self.results.get(timeout=0.5)
@@ -160,7 +160,7 @@ class RolloutWorker:
         if self.process.is_alive():
             self.process.terminate()
             self.process.join()
-        self.requests.close()
+        self.inbox.close()
         self.results.close()
 
     def __enter__(self) -> RolloutWorker:
