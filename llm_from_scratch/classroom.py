@@ -1,10 +1,11 @@
-"""The classroom kit: any function of the library becomes an auto-graded assignment.
+"""The classroom kit: any function of the library, or any course notebook, becomes an auto-graded assignment.
 
     python -m llm_from_scratch.classroom list
     python -m llm_from_scratch.classroom make attention.CausalSelfAttention.forward data.sft_collate --out hw3/
     python -m llm_from_scratch.classroom make notebooks/02_attention.ipynb --out hw2/
+    python -m llm_from_scratch.classroom nbgrader --out course/
 
-An assignment is a folder a student can run anywhere, offline:
+A function assignment is a folder a student can run anywhere, offline:
 
 - the named modules with exactly the package files they (and their grader) import, each chosen function's body
   replaced by the stub Jupyter's nbgrader uses, `# YOUR CODE HERE` and `raise NotImplementedError(...)`; its
@@ -14,18 +15,24 @@ An assignment is a folder a student can run anywhere, offline:
 - a README.md for the student: what to implement, in which order, how to run the grader (`python -m pytest`).
 
 `--solution` writes the same folder with the reference bodies between `### BEGIN SOLUTION` and `### END SOLUTION`,
-nbgrader's markers: clearing those regions (`clear_solutions`) gives the student version, for modules and notebooks
-alike. A notebook's exercise solutions carry the same markers, so `make` on a notebook writes its student version
-beside the files it runs on and a grader that executes it.
+nbgrader's markers: clearing those regions (`clear_solutions`) gives the student version.
 
-This file is the instructor's tool: it reads the repository (the package and `tests/`) and is never copied into an
-assignment. It imports nothing from the package.
+A notebook's exercises are nbgrader's own cells: each answer between the same markers in a solution cell, then a
+locked autograder-tests cell worth points, with hidden tests between `### BEGIN HIDDEN TESTS` / `### END HIDDEN TESTS`
+(`exercises` reads and checks the pairs). `make` on a notebook writes the student's copy exactly as nbgrader's
+`generate_assignment` would (`release_notebook`: answers cleared, hidden tests removed, outputs cleared, nbgrader's
+metadata kept), beside the files it runs on and a grader that scores it as nbgrader's autograder does. `nbgrader`
+lays out a course folder for nbgrader itself: `source/<notebook>/` and `nbgrader_config.py`.
+
+This file is the instructor's tool: it reads the repository (the package, `tests/` and `notebooks/`) and is never
+copied into an assignment. It imports nothing from the package, and needs no nbgrader.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import re
 import shutil
@@ -270,10 +277,10 @@ def mark_solution(source: str, qualname: str) -> str:
     return "\n".join(new) + "\n"
 
 
-def clear_solutions(text: str, messages: list[str] | None = None, notes: list[str] | None = None) -> str:
+def clear_solutions(text: str, messages: list[str] | None = None) -> str:
     """Replace each `### BEGIN SOLUTION` ... `### END SOLUTION` region by nbgrader's stub, at the marker's indentation:
-    `# YOUR CODE HERE` and `raise NotImplementedError()` (with messages[i] as the i-th region's message, and the
-    comment notes[i] above the stub, where given)."""
+    `# YOUR CODE HERE` and `raise NotImplementedError()` (with messages[i] as the i-th region's message, where
+    given)."""
     out, inside, n = [], None, 0
     for i, line in enumerate(text.split("\n"), 1):
         stripped = line.strip()
@@ -282,7 +289,6 @@ def clear_solutions(text: str, messages: list[str] | None = None, notes: list[st
                 raise KitError(f"line {i}: {BEGIN} inside another solution region")
             inside = line[: len(line) - len(line.lstrip())]
             message = repr(messages[n]) if messages else ""
-            out += [f"{inside}# {notes[n]}"] if notes and notes[n] else []
             out += [f"{inside}{STUB}", f"{inside}raise NotImplementedError({message})"]
             n += 1
         elif stripped == END:
@@ -423,39 +429,89 @@ def make_assignment(names: list[str], out: str | Path, solution: bool = False, f
     return targets
 
 
-# ----------------------------------------------------------------------------- notebooks
+# ----------------------------------------------------------------------------- notebooks: nbgrader's cells
 
 
-NOTEBOOK_GRADER = '''"""Grade the notebook: run it top to bottom in quick mode; every exercise checks its own answer.
-
-A cell that raises (the `raise NotImplementedError()` of an unsolved exercise, or a failed check after a
-solution) fails the test with the cell and its traceback."""
-
-import os
-from pathlib import Path
-
-import nbformat
-import pytest
-from nbclient import NotebookClient
-
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "notebooks" / {name!r}
-
-
-@pytest.mark.grades({name!r})
-def test_notebook_runs_and_its_exercises_check_out(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLMFS_QUICK", os.environ.get("LLMFS_QUICK", "1"))  # quick mode unless asked otherwise
-    monkeypatch.setenv("LLMFS_RUNS_DIR", os.environ.get("LLMFS_RUNS_DIR", str(ROOT / "runs")))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={{"metadata": {{"path": str(NOTEBOOK.parent)}}}})
-    client.execute()  # raises CellExecutionError naming the failing cell
-'''  # noqa: E501 (the grader's text, written as it is)
+# An exercise is two code cells, nbgrader's convention:
+#
+#   # Solution to exercise 2                        <- a solution cell: nbgrader metadata solution=true,
+#   # The tests below read: before, after               grade_id "02-exercise-2"
+#   ### BEGIN SOLUTION
+#   ...
+#   ### END SOLUTION
+#
+#   # Tests for exercise 2 (2 points)               <- an autograder-tests cell: grade=true, locked, points,
+#   assert torch.allclose(before, after)                grade_id "02-exercise-2-tests"; it scores its points when
+#   ### BEGIN HIDDEN TESTS                              it runs without an error (and writes nothing to stderr)
+#   ...                                               <- removed from the student's copy
+#   ### END HIDDEN TESTS
+SOLUTION_TITLE, TESTS_TITLE, READS = "# Solution to exercise", "# Tests for exercise", "# The tests below read: "
+EXERCISE_TITLE = "# Exercise"  # a course's copy titles its solution cells so (the student writes there)
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 
-def notebook_regions(nb: dict) -> int:
-    """How many solution regions the notebook's code cells hold."""
-    return sum("".join(c["source"]).count(BEGIN) for c in nb["cells"] if c["cell_type"] == "code")
+def nbgrader_of(cell: dict) -> dict:
+    """A cell's nbgrader metadata ({} for a cell nbgrader does not know)."""
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def source_of(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+@dataclass
+class Exercise:
+    """One exercise of a notebook: its solution cell and its autograder-tests cell."""
+
+    number: int
+    solution: dict
+    tests: dict
+
+    @property
+    def grade_id(self) -> str:
+        return nbgrader_of(self.tests)["grade_id"]
+
+    @property
+    def points(self) -> float:
+        return nbgrader_of(self.tests)["points"]
+
+
+def points_text(points: float) -> str:
+    return f"{points:g} point{'s' if points != 1 else ''}"
+
+
+def exercises(nb: dict, where: str = "notebook") -> list[Exercise]:
+    """The notebook's exercises, in order, each checked to be nbgrader's pair of cells (a KitError names the cell
+    otherwise): a solution cell `# Solution to exercise K` with its grade_id, then at once a locked tests cell
+    `# Tests for exercise K (P points)` worth P > 0 points, whose grade_id is the solution's with `-tests`."""
+    found, cells, ids = [], nb["cells"], set()
+    for i, cell in enumerate(cells):
+        meta, text = nbgrader_of(cell), source_of(cell)
+        for grade_id in [meta.get("grade_id")] if meta else []:
+            if grade_id in ids:
+                raise KitError(f"{where}, cell {i}: grade_id {grade_id!r} is used twice")
+            ids.add(grade_id)
+        if not meta.get("solution"):
+            if meta.get("grade") and not (i and nbgrader_of(cells[i - 1]).get("solution")):
+                raise KitError(f"{where}, cell {i}: a tests cell that does not follow a solution cell")
+            continue
+        m = re.match(rf"(?:{SOLUTION_TITLE}|{EXERCISE_TITLE}) (\d+)\n", text)  # the repository's or a course's
+        if cell["cell_type"] != "code" or not m or (BEGIN not in text and STUB not in text):
+            raise KitError(f"{where}, cell {i}: a solution cell must be code that starts with "
+                           f"'{SOLUTION_TITLE} K' and holds {BEGIN} / {END} (or, in a student's copy, the stub)")
+        k = int(m.group(1))
+        tests = cells[i + 1] if i + 1 < len(cells) else {"metadata": {}, "source": "", "cell_type": "markdown"}
+        t_meta = nbgrader_of(tests)
+        head = f"{TESTS_TITLE} {k} ({points_text(t_meta.get('points', 0))})"
+        if not (tests["cell_type"] == "code" and t_meta.get("grade") and t_meta.get("locked")
+                and not t_meta.get("solution") and t_meta.get("points", 0) > 0):
+            raise KitError(f"{where}, cell {i + 1}: exercise {k}'s solution must be followed by its locked "
+                           f"autograder-tests cell (nbgrader grade=true, locked=true, points > 0)")
+        if t_meta.get("grade_id") != f"{meta['grade_id']}-tests" or not source_of(tests).startswith(head + "\n"):
+            raise KitError(f"{where}, cell {i + 1}: exercise {k}'s tests cell must have grade_id "
+                           f"{meta['grade_id'] + '-tests'!r} and start with {head!r}")
+        found.append(Exercise(k, cell, tests))
+    return found
 
 
 def assigned_names(tree: ast.AST, lines: range | None = None) -> set[str]:
@@ -473,57 +529,113 @@ def assigned_names(tree: ast.AST, lines: range | None = None) -> set[str]:
     return names
 
 
-def names_to_define(text: str, known: set[str]) -> list[list[str]]:
-    """For each solution region of a cell: the names it binds that the cell's later lines (the checks) read and
-    that no earlier cell binds (`known`). The student's code must define them."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:  # a cell with IPython magics: no hints
-        return []
-    lines = text.split("\n")
-    starts = [i + 1 for i, line in enumerate(lines) if line.strip() == BEGIN]
-    ends = [i + 1 for i, line in enumerate(lines) if line.strip() == END]
-    out = []
-    for start, end in zip(starts, ends):
-        bound = assigned_names(tree, range(start, end)) - assigned_names(tree, range(1, start)) - known
-        read = {n.id for n in ast.walk(tree)
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.lineno > end}
-        out.append(sorted(bound & read))
-    return out
+def read_names(text: str) -> set[str]:
+    """The names a piece of code reads."""
+    return {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
-def student_notebook(nb: dict) -> dict:
-    """The notebook with every solution region cleared (each stub says which names the checks after it read), the
-    outputs of those cells removed (they would give the answers away), and those cells shown and titled as
-    exercises; every other cell as it is."""
-    nb = json.loads(json.dumps(nb))
-    known: set[str] = set()  # the names earlier cells bind
+def names_the_tests_read(nb: dict) -> dict[int, list[str]]:
+    """For each exercise: the names its solution binds that its tests (hidden ones included) read and that no
+    earlier cell binds. The student's code must define them, so the solution cell names them on its second line."""
+    pairs = {id(e.solution): e for e in exercises(nb)}
+    known: set[str] = set()  # the names the cells above bind
+    out = {}
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
-        text = "".join(cell["source"])
-        if BEGIN in text:
-            notes = [f"define {', '.join(names)}: the checks below read them" if names else ""
-                     for names in names_to_define(text, known)]
-            text = re.sub(r"^# Solution to exercise (\d+)", r"# Exercise \1: your solution",
-                          clear_solutions(text, notes=notes))
-            cell["source"] = text.splitlines(keepends=True)
-            cell["outputs"], cell["execution_count"] = [], None
-            cell["metadata"].get("jupyter", {}).pop("source_hidden", None)  # the cell to write in is shown
-            if "solution" in cell["metadata"].get("tags", []):
-                cell["metadata"]["tags"].remove("solution")
+        text = source_of(cell)
         try:
-            known |= assigned_names(ast.parse(text))
-        except SyntaxError:
-            pass
+            tree = ast.parse(text)
+        except SyntaxError:  # a cell with IPython magics binds nothing we track
+            continue
+        if id(cell) in pairs:
+            e = pairs[id(cell)]
+            out[e.number] = sorted((assigned_names(tree) - known) & read_names(source_of(e.tests)))
+        known |= assigned_names(tree)
+    return out
+
+
+def reads_line(names: list[str]) -> str:
+    """The solution cell's second line: what the tests read ('' when they read nothing the solution defines)."""
+    return READS + ", ".join(names) if names else ""
+
+
+# ----------------------------------------------------------------------------- notebooks: the course and student copies
+
+
+def course_notebook(nb: dict) -> dict:
+    """The notebook as an nbgrader course's source holds it: each solution cell shown (the repository collapses it, so
+    that a reader tries first) and titled `# Exercise K`; everything else as it is."""
+    nb = json.loads(json.dumps(nb))
+    for e in exercises(nb):
+        e.solution["metadata"].get("jupyter", {}).pop("source_hidden", None)
+        if not e.solution["metadata"].get("jupyter", True):
+            del e.solution["metadata"]["jupyter"]
+        e.solution["source"] = re.sub(rf"^{SOLUTION_TITLE} (\d+)", rf"{EXERCISE_TITLE} \1", source_of(e.solution))
     return nb
 
 
-def make_notebook(path: str | Path, out: str | Path, solution: bool = False, force: bool = False) -> int:
-    """Write the student version of a course notebook (or, with `solution`, the notebook as it is) into
-    out/notebooks/, beside the package and chapter scripts it runs on and a grader that executes it.
-    Returns the number of exercise regions cleared."""
-    path, out = Path(path), Path(out)
+def nbgrader_checksum(cell: dict) -> str:
+    """nbgrader's checksum of a cell (nbgrader.utils.compute_checksum): its autograder uses it to see which answer
+    cells a student left untouched."""
+    meta = nbgrader_of(cell)
+    grade, solution = bool(meta.get("grade")), bool(meta.get("solution"))
+    locked = False if solution else True if grade else bool(meta.get("locked"))
+    parts = [source_of(cell), cell["cell_type"], str(grade), str(solution), str(locked), meta["grade_id"]]
+    parts += [str(float(meta["points"]))] if grade else []
+    return hashlib.md5("".join(parts).encode()).hexdigest()
+
+
+def remove_hidden_tests(text: str) -> str:
+    """The text without its `### BEGIN HIDDEN TESTS` ... `### END HIDDEN TESTS` regions (marker lines included)."""
+    out, inside = [], False
+    for i, line in enumerate(text.split("\n"), 1):
+        if HIDDEN_BEGIN in line:
+            if inside:
+                raise KitError(f"line {i}: {HIDDEN_BEGIN} inside another hidden-tests region")
+            inside = True
+        elif HIDDEN_END in line:
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise KitError(f"{HIDDEN_BEGIN} never closed")
+    return "\n".join(out)
+
+
+def release_notebook(nb: dict) -> dict:
+    """What nbgrader's `generate_assignment` writes for this source notebook, cell for cell: solution regions cleared
+    to nbgrader's stub, hidden tests removed, every output cleared, solution cells undeletable and tests cells
+    read-only (nbgrader's LockCells), each nbgrader cell's checksum and type recorded."""
+    nb = json.loads(json.dumps(nb))
+    nb["metadata"].pop("celltoolbar", None)
+    for cell in nb["cells"]:
+        meta = nbgrader_of(cell)
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+            for key in ("collapsed", "scrolled"):
+                cell["metadata"].pop(key, None)
+        if not meta:
+            continue
+        if meta.get("solution"):
+            cell["metadata"]["deletable"] = False
+            cell["source"] = clear_solutions(source_of(cell))
+        elif meta.get("grade") or meta.get("locked"):
+            cell["metadata"]["deletable"] = cell["metadata"]["editable"] = False
+        if meta.get("grade"):
+            cell["source"] = remove_hidden_tests(source_of(cell))
+        if meta.get("grade") or meta.get("solution") or meta.get("locked"):
+            meta["checksum"], meta["cell_type"] = nbgrader_checksum(cell), cell["cell_type"]
+    return nb
+
+
+def student_notebook(nb: dict) -> dict:
+    """The student's copy of a repository notebook: nbgrader's release of its course version."""
+    return release_notebook(course_notebook(nb))
+
+
+def read_notebook(path: Path) -> dict:
+    """A course notebook, read and checked (a KitError names the file and what is wrong)."""
     if not path.is_file():
         raise KitError(f"{path}: no such notebook")
     try:
@@ -532,36 +644,198 @@ def make_notebook(path: str | Path, out: str | Path, solution: bool = False, for
         raise KitError(f"{path}: not a notebook ({e})") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise KitError(f"{path}: not a notebook (no list of cells)")
-    regions = notebook_regions(nb)
-    if regions == 0:
-        raise KitError(f"{path}: no cell is marked with {BEGIN} / {END}, so there is nothing to hand out")
-    written = nb if solution else student_notebook(nb)  # before anything is written: a bad region is refused first
-    prepare_out(out, force)
-    (out / "notebooks").mkdir()
-    (out / "notebooks" / path.name).write_text(json.dumps(written, indent=1, ensure_ascii=False) + "\n")
+    if not exercises(nb, str(path)):
+        raise KitError(f"{path}: no exercise is marked as nbgrader's solution and tests cells "
+                       f"({BEGIN} / {END}), so there is nothing to hand out")
+    return nb
+
+
+def write_notebook(nb: dict, path: Path) -> None:
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+def course_notebooks() -> list[Path]:
+    """The repository's notebooks that hold exercises, chapters first, then appendices."""
+    paths = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted((REPO / "notebooks").glob("[A-Z]_*.ipynb"))
+    return [p for p in paths if any(nbgrader_of(c).get("solution") for c in json.loads(p.read_text())["cells"])]
+
+
+def copy_code(out: Path) -> None:
+    """The package (less this kit) and the chapter scripts, which a notebook imports and runs, into `out`."""
     shutil.copytree(PKG, out / PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "classroom.py"))
     if (REPO / "chapters").is_dir():  # a notebook builds the earlier chapters' runs it needs with their scripts
         shutil.copytree(REPO / "chapters", out / "chapters", ignore=shutil.ignore_patterns("__pycache__"))
+
+
+# ----------------------------------------------------------------------------- notebooks: a folder without nbgrader
+
+
+NOTEBOOK_GRADER = '''"""Grade the notebook as nbgrader's autograder does: run it top to bottom in quick mode, every
+cell even after an error, and give each autograder-tests cell its points when it ran without an error (and wrote
+nothing to stderr).
+
+    python -m pytest                                     # grade notebooks/{name}
+    LLMFS_SUBMISSION=path/to/theirs.ipynb python -m pytest   # grade another copy (a student's) against this one's tests
+
+The tests cells that run are always this folder's own (nbgrader's locked cells): a submission's edits to them do not
+count, and the instructor's copy (`make --solution`) grades with its hidden tests too."""
+
+import json
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / {name!r}
+OURS = nbformat.read(NOTEBOOK, as_version=4)
+TESTS = {{c.metadata.nbgrader["grade_id"]: c for c in OURS.cells if c.metadata.get("nbgrader", {{}}).get("grade")}}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The submission, its tests cells replaced by ours, run in a kernel: grade_id -> (the executed tests cell, the
+    answer cell above it)."""
+    path = Path(os.environ.get("LLMFS_SUBMISSION", NOTEBOOK)).resolve()
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        grade_id = cell.metadata.get("nbgrader", {{}}).get("grade_id")
+        if grade_id in TESTS:
+            nb.cells[i] = nbformat.from_dict(json.loads(json.dumps(TESTS[grade_id])))
+    env = {{"LLMFS_QUICK": os.environ.get("LLMFS_QUICK", "1"), "MPLBACKEND": "Agg"}}  # quick mode unless asked
+    saved = {{key: os.environ.get(key) for key in env}}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    try:
+        NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=True,
+                       resources={{"metadata": {{"path": str(NOTEBOOK.parent)}}}}).execute()
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+    return {{c.metadata.nbgrader["grade_id"]: (c, nb.cells[i - 1]) for i, c in enumerate(nb.cells)
+            if c.metadata.get("nbgrader", {{}}).get("grade")}}
+
+
+def failures(cell):
+    """What nbgrader counts as a failed cell: an error, or anything written to stderr."""
+    return [o.ename + (": " + o.evalue if o.evalue else "") if o.output_type == "error" else o.text.strip()
+            for o in cell.outputs if o.output_type == "error" or (o.output_type == "stream" and o.name == "stderr")]
+
+
+@pytest.mark.grades({name!r})
+@pytest.mark.parametrize("grade_id", list(TESTS), ids=[f"{{g}} ({{c.metadata.nbgrader['points']:g}} points)"
+                                                      for g, c in TESTS.items()])
+def test_exercise(graded, grade_id, record_property):
+    record_property("points", TESTS[grade_id].metadata.nbgrader["points"])
+    assert grade_id in graded, f"the submission has no cell {{grade_id}}: it was deleted"
+    tests, answer = graded[grade_id]
+    failed = failures(tests)
+    why = f" (the answer cell above them raised {{failures(answer)[0]}})" if failed and failures(answer) else ""
+    assert not failed, f"the tests failed: {{' | '.join(failed)}}{{why}}"
+'''
+
+
+GRADER_CONFTEST = '''"""Print the score of the graded notebook: the points of the exercises whose tests passed."""
+
+
+def pytest_terminal_summary(terminalreporter):
+    points = {{"passed": 0.0, "failed": 0.0}}
+    for outcome in points:
+        for report in terminalreporter.stats.get(outcome, []):
+            points[outcome] += dict(report.user_properties).get("points", 0)
+    total = points["passed"] + points["failed"]
+    if total:
+        terminalreporter.write_line(f"score: {{points['passed']:g}} of {{total:g}} points")
+'''
+
+
+def make_notebook(path: str | Path, out: str | Path, solution: bool = False, force: bool = False) -> list[Exercise]:
+    """Write the student's copy of a course notebook (with `solution`, the course's source copy, answers and hidden
+    tests in it) into out/notebooks/, beside the package and chapter scripts it runs on and a grader that scores
+    it as nbgrader's autograder does. Returns its exercises."""
+    path, out = Path(path), Path(out)
+    nb = read_notebook(path)
+    written = course_notebook(nb) if solution else student_notebook(nb)  # before anything is written
+    prepare_out(out, force)
+    (out / "notebooks").mkdir()
+    write_notebook(written, out / "notebooks" / path.name)
+    copy_code(out)
     (out / "tests").mkdir()
     (out / "tests" / "test_notebook.py").write_text(NOTEBOOK_GRADER.format(name=path.name))
+    (out / "tests" / "conftest.py").write_text(GRADER_CONFTEST.format())
     (out / "pytest.ini").write_text(PYTEST_INI)
+    found = exercises(nb)
+    total = sum(e.points for e in found)
     title = "Solution" if solution else "Assignment"
-    where = ("between `### BEGIN SOLUTION` and `### END SOLUTION`" if solution
-             else "yours to write: replace each `# YOUR CODE HERE` / `raise NotImplementedError()`")
+    where = ("the answers sit between `### BEGIN SOLUTION` and `### END SOLUTION`, and the tests cells hold hidden "
+             "tests between `### BEGIN HIDDEN TESTS` and `### END HIDDEN TESTS`" if solution
+             else "each is yours to write: replace `# YOUR CODE HERE` / `raise NotImplementedError()`")
     (out / "README.md").write_text("\n".join([
         f"# {title}: notebook {path.stem}", "",
-        f"Open `notebooks/{path.name}` and work through it. Its {regions} exercise solution"
-        f"{'s are' if regions != 1 else ' is'} {where}; "
-        "the lines after each region check the answer.", "",
+        f"Open `notebooks/{path.name}` and work through it. It has {len(found)} exercises worth {points_text(total)}: "
+        f"{where}. The cell after each answer, `# Tests for exercise K (P points)`, checks it; the line "
+        f"`# The tests below read: ...` names what your code must define.", "",
         "## Check your work", "", "```bash",
         "pip install torch tiktoken numpy matplotlib tqdm safetensors jupyter pytest nbclient nbformat ipykernel",
         "python -m pytest", "```", "",
         "The grader runs the notebook top to bottom in quick mode (`LLMFS_QUICK=1`; set `LLMFS_QUICK=0` for the real "
-        "run) and fails on the first cell that raises: an exercise left unsolved, or one whose check fails. Each "
-        "exercise's stub names the variables the checks after it read: your code must define them. A notebook that "
-        "builds on an earlier chapter's run (notebooks 04 to 10) makes that run first, in quick mode, the first time "
-        "the grader runs (a minute or two; later runs reuse it, in `runs/`).", ""]))
-    return regions
+        "run), every cell even after an error, as nbgrader's autograder does, and gives each exercise its points when "
+        "its tests cell runs without an error: `score: P of "
+        f"{total:g} points` ends its report. A notebook that builds on an earlier chapter's run (notebooks 04 to 10) "
+        "makes that run first, in quick mode, the first time the grader runs (a minute or two; later runs reuse it, "
+        "in `runs/`).", ""]
+        + (["To grade a student's copy with this folder's tests, hidden ones included: "
+            "`LLMFS_SUBMISSION=path/to/their.ipynb python -m pytest`.", ""] if solution else [])))
+    return found
+
+
+# ----------------------------------------------------------------------------- notebooks: an nbgrader course folder
+
+
+NBGRADER_CONFIG = '''"""nbgrader's configuration of this course folder (written by llm_from_scratch.classroom)."""
+
+import os
+
+c = get_config()  # noqa: F821 (nbgrader defines it)
+c.CourseDirectory.course_id = {course!r}
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.db_assignments = {assignments!r}
+
+# A notebook's cells may train for a while (a quick-mode chapter run builds what it needs once): no 30 s limit.
+c.Execute.timeout = 1800
+
+# The autograder's kernels inherit this process's environment: quick mode (smoke runs, every notebook in about a
+# minute; LLMFS_QUICK=0 grades on the real runs), and one runs folder for every student and assignment, so the
+# earlier chapters' runs a notebook builds on are made once.
+os.environ.setdefault("LLMFS_QUICK", "1")
+os.environ.setdefault("LLMFS_RUNS_DIR", os.path.join(c.CourseDirectory.root, "runs"))
+os.environ.setdefault("MPLBACKEND", "Agg")
+'''
+
+
+def make_course(paths: list[str | Path], out: str | Path, course: str = "llm-from-scratch",
+                force: bool = False) -> dict[str, list[Exercise]]:
+    """Lay out an nbgrader course folder: source/<name>/ for each notebook (its course copy, beside the package and
+    chapter scripts it runs on, so each assignment's release runs by itself) and nbgrader_config.py. Returns each
+    assignment's exercises."""
+    out = Path(out)
+    chosen = {}
+    for raw in paths or course_notebooks():
+        path = Path(raw)
+        nb = read_notebook(path)
+        if path.stem in chosen:
+            raise KitError(f"{path}: named twice")
+        chosen[path.stem] = (path, course_notebook(nb), exercises(nb))
+    prepare_out(out, force)
+    for name, (path, nb, _) in chosen.items():
+        folder = out / "source" / name
+        folder.mkdir(parents=True)
+        write_notebook(nb, folder / path.name)
+        copy_code(folder)
+    assignments = [{"name": name} for name in chosen]
+    (out / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(course=course, assignments=assignments))
+    return {name: found for name, (_, _, found) in chosen.items()}
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -575,11 +849,11 @@ def cmd_list() -> str:
             chapter = t.chapter
             rows.append(f"chapter {chapter}" if chapter <= 10 else f"appendix {'ABCD'[chapter - 11]}")
         rows.append(f"  {t.name:<50} {len(t.tests):>2} test{'s' if len(t.tests) != 1 else ''}")
-    notebooks = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")
-                       if notebook_regions(json.loads(p.read_text())))
     rows.append(f"{len(targets)} functions (make module.function ... --out DIR)")
-    rows.append(f"notebooks with marked exercises (make notebooks/NAME.ipynb --out DIR): "
-                f"{', '.join(n.removesuffix('.ipynb') for n in notebooks) or 'none'}")
+    rows.append("notebooks with graded exercises (make notebooks/NAME.ipynb --out DIR; nbgrader --out DIR):")
+    for path in course_notebooks():
+        found = exercises(json.loads(path.read_text()), str(path))
+        rows.append(f"  {path.stem:<50} {len(found)} exercises, {points_text(sum(e.points for e in found))}")
     return "\n".join(rows)
 
 
@@ -598,7 +872,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  python -m llm_from_scratch.classroom list\n"
                "  python -m llm_from_scratch.classroom make attention.CausalSelfAttention.forward data.sft_collate "
                "--out hw3/\n"
-               "  python -m llm_from_scratch.classroom make notebooks/02_attention.ipynb --out hw2/ --solution",
+               "  python -m llm_from_scratch.classroom make notebooks/02_attention.ipynb --out hw2/ --solution\n"
+               "  python -m llm_from_scratch.classroom nbgrader --out course/\n"
+               "  python -m llm_from_scratch.classroom nbgrader notebooks/02_attention.ipynb notebooks/03_gpt.ipynb "
+               "--out course/",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="every function that can be handed out, by chapter, with how many tests grade it")
@@ -609,6 +886,13 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--solution", action="store_true", help="the instructor's copy: reference bodies between "
                                                               "### BEGIN SOLUTION / ### END SOLUTION")
     make.add_argument("--force", action="store_true", help="replace the contents of a non-empty --out folder")
+    course = sub.add_parser("nbgrader", help="lay out an nbgrader course folder: source/<name>/ for each notebook "
+                                             "and nbgrader_config.py; then run nbgrader's own commands there")
+    course.add_argument("notebooks", nargs="*", help="notebooks to include (default: every notebook with exercises)")
+    course.add_argument("--out", required=True, help="the course folder to write (must be empty or new, unless "
+                                                     "--force)")
+    course.add_argument("--course-id", default="llm-from-scratch", help="nbgrader's course_id (default: %(default)s)")
+    course.add_argument("--force", action="store_true", help="replace the contents of a non-empty --out folder")
     return p
 
 
@@ -618,15 +902,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             print(cmd_list())
             return 0
+        if args.command == "nbgrader":
+            made = make_course(args.notebooks, args.out, args.course_id, args.force)
+            points = sum(e.points for found in made.values() for e in found)
+            first = next(iter(made))
+            print(f"wrote {args.out}: {len(made)} assignment{'s' if len(made) != 1 else ''} "
+                  f"({sum(len(f) for f in made.values())} exercises, {points_text(points)}) and nbgrader_config.py; "
+                  f"next: `cd {args.out} && nbgrader generate_assignment {first}`")
+            return 0
         notebooks = [w for w in args.what if w.endswith(".ipynb")]
         if notebooks:
             if len(args.what) != 1:
                 raise KitError("make: give one notebook at a time" if len(notebooks) > 1
                                else "make: give one notebook, or functions, not both")
-            n = make_notebook(notebooks[0], args.out, args.solution, args.force)
-            print(f"wrote {args.out}: {Path(notebooks[0]).name} with {n} exercise"
-                  f"{'s' if n != 1 else ''} {'solved' if args.solution else 'cleared'}; grade it with "
-                  f"`cd {args.out} && python -m pytest`")
+            found = make_notebook(notebooks[0], args.out, args.solution, args.force)
+            print(f"wrote {args.out}: {Path(notebooks[0]).name} with {len(found)} exercises "
+                  f"({points_text(sum(e.points for e in found))}) {'solved' if args.solution else 'cleared'}; "
+                  f"grade it with `cd {args.out} && python -m pytest`")
             return 0
         targets = make_assignment(args.what, args.out, args.solution, args.force)
         n_tests = len({pair for t in targets for pair in t.tests})

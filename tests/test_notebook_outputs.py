@@ -7,6 +7,7 @@ test (test_notebooks.py) runs the code."""
 
 import json
 import re
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -143,8 +144,9 @@ def section_numbers(nb) -> list[int]:
 
 
 def solution_cells_with_outputs(nb) -> list[int]:
+    """The exercise cells (an answer, or the autograder tests that check it) committed with outputs."""
     return [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
-            and "solution" in cell.metadata.get("tags", []) and cell.get("outputs")]
+            and {"solution", "tests"} & set(cell.metadata.get("tags", [])) and cell.get("outputs")]
 
 
 def test_the_structure_checks_catch_what_they_should():
@@ -154,6 +156,9 @@ def test_the_structure_checks_catch_what_they_should():
     solved = nbformat.v4.new_code_cell("# Solution to exercise 1", metadata={"tags": ["solution"]},
                                        outputs=[nbformat.v4.new_output("stream", text="42\n")])
     assert solution_cells_with_outputs(nbformat.v4.new_notebook(cells=[solved])) == [0]
+    checked = nbformat.v4.new_code_cell("# Tests for exercise 1 (1 point)", metadata={"tags": ["tests"]},
+                                        outputs=[nbformat.v4.new_output("stream", text="42\n")])
+    assert solution_cells_with_outputs(nbformat.v4.new_notebook(cells=[solved, checked])) == [0, 1]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -165,8 +170,25 @@ def test_sections_are_numbered_from_one(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_solution_cells_are_committed_without_outputs(path):
-    """A student who opens the notebook sees each exercise's question, not its answer (CONTRIBUTING.md, rule 6)."""
+    """A student who opens the notebook sees each exercise's question, not its answer nor what its tests printed
+    (CONTRIBUTING.md, rule 6)."""
     assert solution_cells_with_outputs(nbformat.read(path, as_version=4)) == []
+
+
+def shown_sources(nb) -> list[tuple[int, str]]:
+    """The code blocks a notebook displays with show(fn): (cell index, the source it printed)."""
+    return [(i, text[len("```python\n"):].rsplit("```", 1)[0]) for i, cell in enumerate(nb.cells)
+            for output in cell.get("outputs", []) for text in output_texts(output)
+            if text.startswith("```python\n")]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_library_source_a_notebook_shows_is_the_current_source(path):
+    """show(fn) prints the library's own source: the committed output must still be that source, not an older one."""
+    files = [p.read_text() for folder in ("llm_from_scratch", "chapters") for p in sorted((ROOT / folder).glob("*.py"))]
+    stale = [(i, code.split("\n")[0][:80]) for i, code in shown_sources(nbformat.read(path, as_version=4))
+             if not any(code in text or textwrap.indent(code, "    ") in text for text in files)]
+    assert not stale, f"{path.name}: cells whose shown source is no longer the library's (re-run them): {stale}"
 
 
 # chapters 5-10, and appendix A (its LoRA runs start from the same SFT model)

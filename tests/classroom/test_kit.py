@@ -85,6 +85,7 @@ def test_list_groups_by_chapter_and_counts_tests():
     assert run.returncode == 0, run.stderr
     assert "chapter 2" in run.stdout and re.search(r"attention\.CausalSelfAttention\.forward\s+\d+ tests", run.stdout)
     assert f"{len(OFFERED)} functions" in run.stdout
+    assert re.search(r"02_attention\s+4 exercises, 8 points", run.stdout)
 
 
 # ----------------------------------------------------------------------------- marking and clearing
@@ -134,6 +135,8 @@ def test_the_grader_holds_only_the_tests_of_the_chosen_functions(tmp_path):
     (["make", "model.CausalSelfAttention.forward"], "did you mean attention.CausalSelfAttention.forward?"),
     (["make", "attention.KVCache.advance"], "no test grades this function"),
     (["make", "notebooks/../README.md.ipynb"], "no such notebook"),
+    (["nbgrader", "notebooks/no_such.ipynb"], "no such notebook"),
+    (["nbgrader", "notebooks/02_attention.ipynb", "notebooks/02_attention.ipynb"], "named twice"),
 ])
 def test_bad_input_is_one_error_line_and_exit_code_2(args, message, tmp_path):
     run = run_kit(*args, "--out", str(tmp_path / "hw"))
@@ -193,9 +196,25 @@ def test_a_notebook_without_marked_cells_is_refused(tmp_path):
     nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": ["x = 1\n"], "metadata": {}, "outputs": [],
                                          "execution_count": None}],
                               "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    run = run_kit("make", str(nb), "--out", str(tmp_path / "hw"))
-    assert run.returncode == 2 and run.stderr.startswith("error: ") and "### BEGIN SOLUTION" in run.stderr
-    assert run.stderr.count("\n") == 1
+    for command in ("make", "nbgrader"):
+        run = run_kit(command, str(nb), "--out", str(tmp_path / "hw"))
+        assert run.returncode == 2 and run.stderr.startswith("error: ") and "### BEGIN SOLUTION" in run.stderr
+        assert run.stderr.count("\n") == 1 and not (tmp_path / "hw").exists()
+
+
+def test_nbgrader_lays_out_a_course_folder(tmp_path):
+    run = run_kit("nbgrader", "notebooks/02_attention.ipynb", "notebooks/03_gpt.ipynb", "--out", str(tmp_path / "c"))
+    assert run.returncode == 0 and "2 assignments" in run.stdout and "nbgrader generate_assignment 02_attention" \
+        in run.stdout, run.stderr
+    for name in ("02_attention", "03_gpt"):
+        folder = tmp_path / "c" / "source" / name
+        nb = json.loads((folder / f"{name}.ipynb").read_text())
+        assert kit.exercises(nb) and "### BEGIN HIDDEN TESTS" in json.dumps(nb)  # the instructor's source
+        assert (folder / "llm_from_scratch" / "attention.py").is_file() and (folder / "chapters").is_dir()
+        assert not (folder / "llm_from_scratch" / "classroom.py").exists()
+    config = (tmp_path / "c" / "nbgrader_config.py").read_text()
+    assert "c.CourseDirectory.course_id = 'llm-from-scratch'" in config and "'name': '03_gpt'" in config
+    compile(config, "nbgrader_config.py", "exec")
 
 
 # ----------------------------------------------------------------------------- the grader catches wrong answers
@@ -228,51 +247,57 @@ def test_the_grader_passes_the_reference_and_fails_the_blank_and_every_catalogue
 # ----------------------------------------------------------------------------- notebooks (nbgrader's convention)
 
 
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = kit.course_notebooks()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_every_exercise_solution_is_marked_and_clears_to_valid_python(path):
+def test_a_student_notebook_is_valid_python_with_every_answer_a_stub(path):
     nb = json.loads(path.read_text())
-    solutions = [c for c in nb["cells"]
-                 if c["cell_type"] == "code" and "".join(c["source"]).startswith("# Solution to exercise")]
-    assert len(solutions) >= 3
     student = kit.student_notebook(nb)
-    for cell, cleared in zip(nb["cells"], student["cells"]):
-        text = "".join(cell["source"])
-        if cell in solutions:
-            assert text.count(kit.BEGIN) >= 1 and text.count(kit.BEGIN) == text.count(kit.END), text[:200]
-            new = "".join(cleared["source"])
-            compile(new, path.name, "exec")  # the student's cell is valid Python
-            assert "raise NotImplementedError()" in new and cleared["outputs"] == []
-            assert new.startswith("# Exercise ") and not cleared["metadata"].get("jupyter", {}).get("source_hidden")
-        else:  # every other cell as it was, outputs included
-            assert cleared == cell
+    answers = {e.number: kit.source_of(e.solution) for e in kit.exercises(student)}
+    assert len(answers) == len(kit.exercises(nb)) >= 3
+    for k, text in answers.items():
+        compile(text, path.name, "exec")  # the student's cell is valid Python
+        assert text.startswith(f"# Exercise {k}\n") and text.endswith("# YOUR CODE HERE\nraise NotImplementedError()")
+    for before, after in zip(nb["cells"], student["cells"]):
+        if not kit.nbgrader_of(before):  # every other cell as it was, less its outputs
+            assert kit.source_of(after) == kit.source_of(before) and after.get("outputs", []) == []
 
 
-def test_a_student_notebook_names_what_the_checks_read():
-    nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 1,
-                     "source": ["x = 1\n"]},
-                    {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 2,
-                     "source": ["# Solution to exercise 1\n", "### BEGIN SOLUTION\n", "x = 2\n", "y = x + 1\n",
-                                "helper = 3\n", "### END SOLUTION\n", "assert x == 2 and y == 3\n"]}]}
-    cell = kit.student_notebook(nb)["cells"][1]
-    assert "".join(cell["source"]) == ("# Exercise 1: your solution\n# define y: the checks below read them\n"
-                                       "# YOUR CODE HERE\nraise NotImplementedError()\nassert x == 2 and y == 3\n")
+def grade_notebook(folder: Path, submission: Path | None = None) -> tuple[int, str]:
+    """Start the notebook grader `make` wrote in `folder` (on its own notebook, or on `submission`)."""
+    env = dict(os.environ, PYTHONPATH="", LLMFS_RUNS_DIR=str(folder / "runs"))
+    env.pop("LLMFS_SUBMISSION", None)
+    if submission:
+        env["LLMFS_SUBMISSION"] = str(submission)
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], cwd=folder,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.mark.slow
-def test_a_notebook_assignment_fails_unsolved_and_passes_solved(tmp_path):
+def test_a_notebook_assignment_scores_the_answers_the_blank_and_a_wrong_answer_as_nbgrader_would(tmp_path):
+    from wrong_answers import WRONG
     path = ROOT / "notebooks" / "02_attention.ipynb"
-    run = run_kit("make", str(path), "--out", str(tmp_path / "student"))
-    assert run.returncode == 0, run.stderr
-    run = run_kit("make", str(path), "--out", str(tmp_path / "solution"), "--solution")
-    assert run.returncode == 0, run.stderr
-    student = json.loads((tmp_path / "student" / "notebooks" / path.name).read_text())
-    assert "### BEGIN SOLUTION" not in json.dumps(student) and "# YOUR CODE HERE" in json.dumps(student)
-    (code_s, out_s, log_s), (code_r, out_r, log_r) = grade(tmp_path / "student", tmp_path / "solution")
-    assert code_r == 0, f"the solved notebook fails its grader:\n{log_r}"
-    assert code_s != 0 and "NotImplementedError" in log_s, f"the unsolved notebook passes its grader:\n{log_s}"
+    for args in (["--out", str(tmp_path / "student")], ["--out", str(tmp_path / "solution"), "--solution"]):
+        run = run_kit("make", str(path), *args)
+        assert run.returncode == 0 and "4 exercises (8 points)" in run.stdout, run.stderr
+    blank = tmp_path / "student" / "notebooks" / path.name
+    assert "### BEGIN SOLUTION" not in blank.read_text() and "# YOUR CODE HERE" in blank.read_text()
+    assert "BEGIN HIDDEN TESTS" in (tmp_path / "solution" / "notebooks" / path.name).read_text()
+    # a student's copy: exercises 1 and 2 answered, 3 answered wrongly, 4 left blank
+    student, solved = json.loads(blank.read_text()), kit.course_notebook(json.loads(path.read_text()))
+    what, old, new = WRONG["02_attention"][3]
+    for mine, right in zip(kit.exercises(student)[:3], kit.exercises(solved)):
+        text = kit.source_of(right.solution).replace(old, new) if right.number == 3 else kit.source_of(right.solution)
+        mine.solution["source"] = text.replace(kit.BEGIN + "\n", "").replace(kit.END, "")
+    kit.write_notebook(student, tmp_path / "alice.ipynb")
+    runs = [grade_notebook(tmp_path / "solution"), grade_notebook(tmp_path / "solution", tmp_path / "alice.ipynb")]
+    (code_r, log_r), (code_a, log_a) = [(r.wait(600), r.stdout.read()) for r in runs]
+    assert code_r == 0 and "4 passed" in log_r and "score: 8 of 8 points" in log_r, log_r[-3000:]
+    assert code_a != 0 and "2 failed, 2 passed" in log_a and "score: 4 of 8 points" in log_a, log_a[-3000:]
+    assert re.search(r"FAILED tests/test_notebook.py::test_exercise\[02-exercise-3-tests", log_a), log_a[-3000:]
+    assert "must not see the padding" in log_a  # exercise 3: the visible test that the wrong mask fails
+    assert "the answer cell above them raised NotImplementedError" in log_a  # exercise 4, blank
 
 
 def test_the_readme_states_the_catalogue_as_it_is():
