@@ -782,7 +782,8 @@ def make_notebook(path: str | Path, out: str | Path, solution: bool = False, for
         "The grader runs the notebook top to bottom in quick mode (`LLMFS_QUICK=1`; set `LLMFS_QUICK=0` for the real "
         "run), every cell even after an error, as nbgrader's autograder does, and gives each exercise its points when "
         "its tests cell runs without an error: `score: P of "
-        f"{total:g} points` ends its report. A notebook that builds on an earlier chapter's run (notebooks 04 to 10) "
+        f"{total:g} points` ends its report. A notebook that builds on an earlier chapter's run (notebooks 03 to 10 "
+        "and the appendices) "
         "makes that run first, in quick mode, the first time the grader runs (a minute or two; later runs reuse it, "
         "in `runs/`).", ""]
         + (["To grade a student's copy with this folder's tests, hidden ones included: "
@@ -800,7 +801,6 @@ import os
 c = get_config()  # noqa: F821 (nbgrader defines it)
 c.CourseDirectory.course_id = {course!r}
 c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
-c.CourseDirectory.db_assignments = {assignments!r}
 
 # A notebook's cells may train for a while (a quick-mode chapter run builds what it needs once): no 30 s limit.
 c.Execute.timeout = 1800
@@ -833,8 +833,7 @@ def make_course(paths: list[str | Path], out: str | Path, course: str = "llm-fro
         folder.mkdir(parents=True)
         write_notebook(nb, folder / path.name)
         copy_code(folder)
-    assignments = [{"name": name} for name in chosen]
-    (out / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(course=course, assignments=assignments))
+    (out / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(course=course))
     return {name: found for name, (_, _, found) in chosen.items()}
 
 

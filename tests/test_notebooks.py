@@ -24,3 +24,7 @@ def test_notebook_runs_quick(path, quick_env, monkeypatch):
     client.execute()  # raises CellExecutionError, with the failing cell and traceback, on any error
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+    # nbgrader's autograder gives a tests cell no points when it writes to stderr (a warning, a progress bar)
+    noisy = [c.source.split("\n")[0] for c in nb.cells if "tests" in c.metadata.get("tags", [])
+             for o in c.get("outputs", []) if o.output_type == "stream" and o.name == "stderr"]
+    assert not noisy, f"tests cells that write to stderr, which nbgrader scores 0: {noisy}"

@@ -213,7 +213,7 @@ def test_nbgrader_lays_out_a_course_folder(tmp_path):
         assert (folder / "llm_from_scratch" / "attention.py").is_file() and (folder / "chapters").is_dir()
         assert not (folder / "llm_from_scratch" / "classroom.py").exists()
     config = (tmp_path / "c" / "nbgrader_config.py").read_text()
-    assert "c.CourseDirectory.course_id = 'llm-from-scratch'" in config and "'name': '03_gpt'" in config
+    assert "c.CourseDirectory.course_id = 'llm-from-scratch'" in config and "c.Execute.timeout = 1800" in config
     compile(config, "nbgrader_config.py", "exec")
 
 

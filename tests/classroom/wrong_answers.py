@@ -23,7 +23,7 @@ WRONG: dict[str, dict[int, tuple[str, str, str]]] = {
         1: ("the query shifted the wrong way (position i asks for position i + 1, which the mask hides)",
             "torch.diag(torch.ones(T - 1), diagonal=1)", "torch.diag(torch.ones(T - 1), diagonal=-1)"),
         2: ("softmax, then zero the future, without renormalising the rows",
-            "after = after / after.sum(-1, keepdim=True)", "after = after"),
+            "after = zeroed / zeroed.sum(-1, keepdim=True)", "after = zeroed"),
         3: ("the padding mask on the queries (rows) instead of the keys (columns)",
             "keep_[None, :]", "keep_[:, None]"),
         4: ("the two columns swapped: the scaled gradient stored as the unscaled one",
