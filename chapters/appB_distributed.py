@@ -66,6 +66,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, help="default runs/appB_distributed")
     ap.add_argument("--quick", action="store_true", help="a smoke run: chapter quick modes, 1 seed (LLMFS_QUICK=1)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    cli.add_fast_arg(ap)
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()
     if args.quick:

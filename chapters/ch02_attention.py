@@ -46,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: shorter sequences, written under runs/quick/ (also LLMFS_QUICK=1)")
     ap.add_argument("--quiet", action="store_true", help="only the key numbers (no per-token tables)")
+    cli.add_fast_arg(ap)
     ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()

@@ -67,6 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="a smoke run with fewer tokens (also LLMFS_QUICK=1)")
     ap.add_argument("--quiet", action="store_true",
                     help="no progress bars (this chapter has none; accepted like every chapter)")
+    cli.add_fast_arg(ap)
     ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     args = ap.parse_args(argv)
     args.quick = args.quick or quick_mode()

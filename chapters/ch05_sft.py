@@ -38,6 +38,7 @@ from llm_from_scratch.course import (
     quick_mode,
     require_real,
     runs_root,
+    same_cpu_mode,
     shown,
     start_run,
     write_summary,
@@ -186,7 +187,7 @@ def table_cell(text: str, width: int = 160) -> str:
 def finished_seed(args, out: Path, seed: int) -> dict | None:
     """The result of a finished run of this very configuration in `out` (a sweep picks up where it stopped), else
     None."""
-    if args.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
+    if args.no_resume or not same_cpu_mode(finished_run(out)) or not (out / "eval.json").is_file():
         return None
     result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
     same = {"steps": args.steps, "seed": seed, "lr": args.lr, "train_on_prompt": args.train_on_prompt}

@@ -84,6 +84,7 @@ from llm_from_scratch.course import (
     quick_mode,
     require_real,
     runs_root,
+    same_cpu_mode,
     shown,
     start_run,
     write_summary,
@@ -171,7 +172,7 @@ def rl_runs(args, out: Path) -> dict[str, Path]:
         record = {"argv": argv, "quick": args.quick, "script": hashlib.sha256(script.read_bytes()).hexdigest()}
         folders[label] = folder
         made = folder / "arena_run.json"
-        if (not args.no_resume and finished_run(folder) and made.is_file()
+        if (not args.no_resume and same_cpu_mode(finished_run(folder)) and made.is_file()
                 and json.loads(made.read_text(encoding="utf-8")) == record):
             print(f"--- {label}: keeping the finished run in {shown(folder)} (the same command)", flush=True)
             continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from llm_from_scratch import distributed  # noqa: E402
+from llm_from_scratch import distributed, reproducible  # noqa: E402
 from llm_from_scratch.checkpoint import CheckpointError  # noqa: E402
 from llm_from_scratch.course import PrerequisiteError, rebuild_hint  # noqa: E402
 from llm_from_scratch.device import announce_first_pick  # noqa: E402
@@ -63,7 +64,17 @@ def add_common_args(ap: argparse.ArgumentParser, out: str, dtype: bool = False) 
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run in seconds (also LLMFS_QUICK=1); writes under runs/quick/")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_fast_arg(ap)
     ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+
+
+def add_fast_arg(ap: argparse.ArgumentParser) -> None:
+    """--fast: every CPU core and torch's own kernels instead of the reproducible CPU mode (cli.run reads it)."""
+    ap.add_argument("--fast", action="store_true",
+                    help="leave the reproducible CPU mode (2 threads, AVX2 kernels, MKL's COMPATIBLE branch: the "
+                         "same chain on any x86-64 CPU) for every core and the CPU's widest kernels; faster, but "
+                         "another chain of runs, other numbers (also LLMFS_FAST=1; "
+                         "llm_from_scratch/reproducible.py)")
 
 
 def add_lora_args(ap: argparse.ArgumentParser) -> None:
@@ -123,9 +134,14 @@ def add_prerequisite_arg(ap: argparse.ArgumentParser) -> None:
 
 
 def run(main, argv: list[str] | None = None):
-    """Call main(argv); a user error becomes `error: ...` on stderr and exit code 2 (unless --debug). The chapter's
-    first device pick prints the device and its precision (device.describe): every chapter, one place."""
+    """Call main(argv); a user error becomes `error: ...` on stderr and exit code 2 (unless --debug). First the CPU
+    mode is set and printed (reproducible.apply: the course's float32 order, unless --fast or LLMFS_FAST=1), before
+    any torch operation; the chapter's first device pick prints the device and its precision (device.describe):
+    every chapter, one place."""
     args = sys.argv[1:] if argv is None else argv
+    mode = reproducible.apply(fast=reproducible.fast_requested(args))
+    if "--help" not in args and "-h" not in args and os.environ.get("RANK", "0") == "0":
+        print(mode, flush=True)
     announce_first_pick()
     try:
         return main(argv)

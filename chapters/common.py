@@ -47,6 +47,7 @@ from llm_from_scratch.course import (
     prerequisite,
     require_real,
     runs_root,
+    same_cpu_mode,
     shown,
     weights_file_digest,
     write_summary,
@@ -144,8 +145,10 @@ class Run(NamedTuple):
 class CommonFlags:
     """The flags of chapters 7-9 that say where a run writes, how it reports, whether it resumes and which seeds a
     sweep runs (cli.add_common_args, cli.add_prerequisite_arg, --no-resume, --seeds): not what a run computes. A
-    chapter's Config adds its own flags to these."""
+    chapter's Config adds its own flags to these. --fast changes the float32 order (another chain, not another
+    recipe): summary.json records the CPU mode, and finished_result keeps a run only in the same mode."""
     no_resume: bool = False
+    fast: bool = False
     seeds: int = 0
     device: str = "auto"
     seed: int = 0
@@ -197,10 +200,11 @@ def origin(run: Run) -> dict:
 
 
 def finished_result(cfg, run: Run) -> dict | None:
-    """The eval.json of a finished run in run.out with the same flags, seed and starting weights (kept, not trained
-    again), else None; always None under --no-resume."""
+    """The eval.json of a finished run in run.out with the same flags, seed and starting weights, made in the same CPU
+    mode (reproducible or not: summary.json's "cpu"), kept, not trained again; else None; always None under
+    --no-resume."""
     out = run.out
-    if cfg.no_resume or not finished_run(out) or not (out / "eval.json").is_file():
+    if cfg.no_resume or not same_cpu_mode(finished_run(out)) or not (out / "eval.json").is_file():
         return None
     result = json.loads((out / "eval.json").read_text(encoding="utf-8"))
     if result.get("flags") != flags_record(cfg) or result.get("origin") != origin(run):

@@ -8,10 +8,16 @@ A stage whose run folder already holds a finished run (its summary.json, of the 
 an interrupted course picks up where it stopped (the first unfinished stage resumes its own interrupted run); once a
 stage runs, every later stage starts over too (they build on it). --again starts every stage over.
 
+It runs in the reproducible CPU mode (llm_from_scratch/reproducible.py: 2 threads, ATen's AVX2 kernels, MKL's
+COMPATIBLE branch), printed first and recorded in the report and in every run's summary.json: the same chain on any
+x86-64 CPU with AVX2. --fast (or LLMFS_FAST=1) uses every core and the CPU's widest kernels instead: faster, another
+chain. A finished stage is kept only when it was made in the same mode.
+
     python chapters/run_all.py              # the real course (about 55 minutes on a 2-core CPU)
     python chapters/run_all.py --quick      # a smoke run of every chapter (minutes); writes under runs/quick/
     python chapters/run_all.py --again      # start over, even where runs/ holds finished stages
     python chapters/run_all.py --only ch10  # just these stages (their earlier chapters are built if missing)
+    python chapters/run_all.py --fast       # every core: faster, and another chain (other numbers)
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llm_from_scratch.checkpoint import atomic_write_text
-from llm_from_scratch.course import finished_run, quick_mode, runs_root  # noqa: E402
+from llm_from_scratch import reproducible  # noqa: E402
+from llm_from_scratch.checkpoint import atomic_write_text  # noqa: E402
+from llm_from_scratch.course import finished_run, quick_mode, runs_root, same_cpu_mode  # noqa: E402
 
 # (script, the run folder it writes, minutes its real run took in the course run of 2026-12-03 on an idle 2-core CPU:
 # the progress line's estimate)
@@ -54,10 +61,15 @@ def main() -> None:
     ap.add_argument("--quiet", action="store_true", help="no progress bars inside the chapters")
     ap.add_argument("--only", nargs="+", metavar="chNN", help="run only these chapters (e.g. --only ch01 ch02)")
     ap.add_argument("--again", action="store_true", help="rerun every stage, even one that finished before")
+    ap.add_argument("--fast", action="store_true",
+                    help="every CPU core and the CPU's widest kernels instead of the reproducible mode: faster, but "
+                         "another chain of runs, other numbers (also LLMFS_FAST=1)")
     args = ap.parse_args()
     unknown = [o for o in args.only or [] if not any(s.startswith(o) for s, _, _ in CHAPTERS)]
     if unknown:
         ap.error(f"--only {' '.join(unknown)}: no such chapter; choose from {', '.join(s[:4] for s, _, _ in CHAPTERS)}")
+    mode = reproducible.apply(fast=args.fast)  # before anything computes; the chapters inherit it (and re-apply it)
+    print(mode, flush=True)
     quick = args.quick or quick_mode()
     env = dict(os.environ, LLMFS_QUICK="1" if quick else os.environ.get("LLMFS_QUICK", "0"))
     root = runs_root(quick)
@@ -69,7 +81,7 @@ def main() -> None:
     t0, ran_one, status = time.perf_counter(), False, {}
     for k, (script, folder, minutes) in enumerate(stages, start=1):
         done = finished_run(root / folder)
-        if done and bool(done.get("quick")) == quick and not args.again and not ran_one:
+        if done and bool(done.get("quick")) == quick and same_cpu_mode(done) and not args.again and not ran_one:
             print(f"\n[{k}/{len(stages)}] {script}: keeping the finished run in {folder}/", flush=True)
             status[script] = "kept"
             continue
@@ -82,7 +94,7 @@ def main() -> None:
         atomic_write_text(times_file, json.dumps(times, indent=2))
         status[script], ran_one = "ran", True
 
-    report = course_report(root, quick, stages, status, times, time.perf_counter() - t0)
+    report = course_report(root, quick, stages, status, times, time.perf_counter() - t0, mode)
     atomic_write_text(root / "report.md", report)
     print(f"\nthe course took {elapsed(time.perf_counter() - t0)} here; report: {root / 'report.md'}")
 
@@ -111,11 +123,7 @@ def machine() -> str:
     """The CPU (or GPU), its cores, the memory, and the versions: what the report's times were measured on."""
     import torch  # here, not at the top: --help answers without loading torch
 
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                    if line.startswith("model name")), cpu)
+    cpu = reproducible.cpu_name()
     try:
         memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2 ** 30:.0f} GiB"
     except (ValueError, OSError, AttributeError):
@@ -125,9 +133,10 @@ def machine() -> str:
             f"torch {torch.__version__}")
 
 
-def course_report(root: Path, quick: bool, stages: list, status: dict, times: dict, seconds: float) -> str:
-    """runs/report.md: the machine and each stage's time, the arena's table and frontier, then every chapter's
-    section (its headline numbers, figures and sample responses)."""
+def course_report(root: Path, quick: bool, stages: list, status: dict, times: dict, seconds: float,
+                  mode: str = "") -> str:
+    """runs/report.md: the machine, its CPU mode (reproducible.describe) and each stage's time, the arena's table and
+    frontier, then every chapter's section (its headline numbers, figures and sample responses)."""
     rows = ["| | chapter | run folder | minutes | this time |", "|---:|---|---|---:|---|"]
     total = 0.0
     for k, (script, folder, _) in enumerate(stages, start=1):
@@ -140,7 +149,7 @@ def course_report(root: Path, quick: bool, stages: list, status: dict, times: di
     lines = ["# llm-from-scratch: course report", "",
              f"{'Quick smoke run' if quick else 'Full run'} of {len(stages)} chapter(s), finished "
              f"{time.strftime('%Y-%m-%d %H:%M')}; this invocation took {seconds / 60:.1f} min.", "",
-             f"Machine: {machine()}.", "", "\n".join(rows), ""]
+             f"Machine: {machine()}.", "", f"{mode or reproducible.describe()}.", "", "\n".join(rows), ""]
     sections = []
     for script, folder, _ in stages:
         fragment = root / folder / "report.md"

@@ -53,7 +53,7 @@ STUB = "# YOUR CODE HERE"
 
 # module -> chapter (0: cross-cutting helpers; the classroom kit itself, an appendix, as 14)
 CHAPTER = {
-    "device": 0, "checkpoint": 0, "course": 0, "plots": 0, "distributed": 0,
+    "device": 0, "reproducible": 0, "checkpoint": 0, "course": 0, "plots": 0, "distributed": 0,
     "tinyworld": 1, "tasks": 1, "gold_rewards": 1, "preferences": 1, "dataset_files": 1, "tokenizer": 1, "data": 1,
     "attention": 2, "model": 3, "generation": 3, "train": 4, "sft": 5, "evaluation": 5, "reward_model": 6,
     "policy_gradient": 7, "ppo": 8, "dpo": 9, "arena": 10,

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from llm_from_scratch import reproducible
 from llm_from_scratch.checkpoint import atomic_write_text
 from llm_from_scratch.distributed import TORCHRUN_VARIABLES
 
@@ -77,8 +78,18 @@ def rebuild_hint(folder: str | os.PathLike | None) -> str:
 
 def write_summary(folder: str | os.PathLike, summary: dict, quick: bool) -> Path:
     """`summary.json`, written last by every chapter run: it marks the run finished and records whether it was
-    a quick (smoke) run, so that a real run never builds on a smoke run."""
-    return atomic_write_text(Path(folder) / "summary.json", json.dumps({"quick": quick, **summary}, indent=2))
+    a quick (smoke) run, so that a real run never builds on a smoke run, and the CPU arithmetic it ran
+    (`reproducible.record()`: the CPU, the kernel level, the BLAS branch, the threads, whether it is the course's
+    reproducible setting), so that a course run keeps it only in the same mode."""
+    record = {"quick": quick, **summary, "cpu": reproducible.record()}
+    return atomic_write_text(Path(folder) / "summary.json", json.dumps(record, indent=2))
+
+
+def same_cpu_mode(summary: dict | None) -> bool:
+    """Whether a finished run (its summary) was computed in the CPU mode this process runs, reproducible or fast
+    (`reproducible.record()`): a course run keeps a finished run only then, since the other mode makes another
+    chain."""
+    return bool(summary) and summary.get("cpu", {}).get("reproducible") == reproducible.reproducible()
 
 
 def start_run(folder: str | os.PathLike, fresh: tuple[str, ...] = ()) -> Path:

@@ -1,9 +1,21 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from llm_from_scratch import reproducible  # noqa: E402
+
+# The suite computes in the course's reproducible CPU mode (2 threads, ATen's AVX2 kernels, MKL's COMPATIBLE branch),
+# set here before any test imports torch: the same float32 sums on every x86-64 CPU with AVX2, so a test's numbers do
+# not depend on the machine CI lands on; the processes the tests start inherit it (LLMFS_FAST=1 runs the suite fast).
+CPU_MODE = reproducible.apply()
+
+
+def pytest_report_header(config):
+    return CPU_MODE
 
 
 @pytest.fixture(scope="session")

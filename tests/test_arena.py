@@ -28,8 +28,8 @@ from llm_from_scratch.tokenizer import Tokenizer
 
 def test_the_kl_bound_by_hand():
     assert best_of_n_kl_bound(1) == 0.0
-    assert best_of_n_kl_bound(2) == pytest.approx(math.log(2) - 0.5)  # 0.193147
-    assert best_of_n_kl_bound(64) == pytest.approx(4.158883 - 63 / 64, abs=1e-6)  # 3.174508
+    assert best_of_n_kl_bound(2) == math.log(2) - 0.5  # 0.193147; exact: the same float64 expression
+    assert best_of_n_kl_bound(64) == pytest.approx(4.158883 - 63 / 64, abs=1e-6)  # 3.174508; log 64 to 7 digits (8e-8)
     with pytest.raises(ValueError):
         best_of_n_kl_bound(0)
 
@@ -38,7 +38,10 @@ def test_the_kl_bound_by_hand():
 def test_the_bound_is_the_exact_kl_for_many_distinct_rewards(n):
     """π uniform over M responses with distinct rewards: the best of n draws is the k-th lowest with probability
     (k/M)^n − ((k−1)/M)^n. Its KL to π, summed exactly, approaches log n − (n−1)/n from below as M grows."""
-    for M, tol in ((100, 0.05), (100_000, 1e-3)):
+    # tol is the math's gap, not rounding: the bound minus the KL falls as 1/M², to ≤ 0.017 at M = 100 and ≤ 1.7e-8
+    # at M = 100,000 (n = 64 the largest); 1e-3 there let a bound off by 1e-4 pass. + 1e-9: float64's rounding of a
+    # sum of 100,000 terms (≲ 1e5·1.1e-16·4 = 4e-11), where the KL equals the bound (n = 1)
+    for M, tol in ((100, 0.05), (100_000, 1e-6)):
         k = torch.arange(1, M + 1, dtype=torch.float64)
         p_best = (k / M) ** n - ((k - 1) / M) ** n  # (M,)
         kl = (p_best[p_best > 0] * torch.log(p_best[p_best > 0] * M)).sum().item()
@@ -95,8 +98,10 @@ def test_best_of_n_expected_averages_every_subset(n):
     proxy, gold = torch.randn(3, 6, generator=g), torch.rand(3, 6, generator=g)  # 3 prompts x 6 samples
     got = best_of_n_expected(proxy, gold, n)
     want = [brute_force_best_of_n(proxy[i].tolist(), gold[i].tolist(), n) for i in range(3)]
+    # float64 both (the brute force in Python floats): means of ≤ 20 values in [0, 1], ≲ 20·1.1e-16 = 2e-15
     assert got.tolist() == pytest.approx(want, abs=1e-12)
-    assert best_of_n_weights(6, n).sum().item() == pytest.approx(1.0)
+    # float64: 6 quotients of integers, each rounded once, then summed: ≲ 11 roundings of 1.1e-16
+    assert best_of_n_weights(6, n).sum().item() == pytest.approx(1.0, abs=1e-12)
 
 
 @pytest.mark.grades("arena.best_of_n_expected")
@@ -105,15 +110,16 @@ def test_best_of_n_expected_breaks_ties_as_best_of_n_does():
     gold = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]])
     for n in range(1, 6):  # the brute force keeps the first drawn of a subset's tied best
         want = brute_force_best_of_n(proxy[0].tolist(), gold[0].tolist(), n)
-        assert best_of_n_expected(proxy, gold, n).item() == pytest.approx(want, abs=1e-12)
+        assert best_of_n_expected(proxy, gold, n).item() == pytest.approx(want, abs=1e-12)  # float64, as above
 
 
 @pytest.mark.grades("arena.best_of_n_expected")
 def test_best_of_n_expected_ends():
     proxy, gold = torch.tensor([[0.3, -1.0, 2.0, 0.1]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    # exact in float64 (quarters of small integers); the default rel 1e-6 leaves room for a student's other route
     assert best_of_n_expected(proxy, gold, 1).item() == pytest.approx(2.5)  # N = 1: the plain mean
     assert best_of_n_expected(proxy, gold, 4).item() == pytest.approx(3.0)  # N = M: the highest proxy's gold
-    assert best_of_n_weights(4, 2).tolist() == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6])  # C(i-1, 1) / C(4, 2) by hand
+    assert best_of_n_weights(4, 2).tolist() == [0, 1 / 6, 2 / 6, 3 / 6]  # C(i-1, 1) / C(4, 2): the same divisions
     with pytest.raises(ValueError):
         best_of_n_weights(4, 5)
 
@@ -122,10 +128,11 @@ def test_best_of_n_curve():
     proxy = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
     gold = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
     one, two = best_of_n_curve(proxy, gold, [1, 2])
-    assert (one["n"], one["kl"], one["gold"], one["proxy"]) == (1, 0.0, pytest.approx(0.5), pytest.approx(0.5))
-    assert two["gold"] == pytest.approx(0.25) and two["proxy"] == pytest.approx(1.0)  # the proxy picks gold 0 and 0.5
-    # sample std 0.5/√2, over √2 prompts
-    assert two["kl"] == pytest.approx(math.log(2) - 0.5) and two["gold_se"] == pytest.approx(0.25)
+    # exact in float64: halves and quarters, and the KL bound's own expression
+    assert (one["n"], one["kl"], one["gold"], one["proxy"]) == (1, 0.0, 0.5, 0.5)
+    assert two["gold"] == 0.25 and two["proxy"] == 1.0  # the proxy picks gold 0 and 0.5
+    # sample std 0.5/√2, over √2 prompts (float64: two square roots and a division, ≲ 3 roundings of 1.1e-16)
+    assert two["kl"] == math.log(2) - 0.5 and two["gold_se"] == pytest.approx(0.25)
 
 
 # ----------------------------------------------------------------------------- rejection-sampling fine-tuning
@@ -227,7 +234,7 @@ def test_rft_trains_on_the_responses_only(tok, monkeypatch):
 
 def test_distinct_n_by_hand():
     assert distinct_n(["a b a b"], 1) == 0.5  # {a, b} of 4 words
-    assert distinct_n(["a b a b"], 2) == pytest.approx(2 / 3)  # {ab, ba} of ab, ba, ab
+    assert distinct_n(["a b a b"], 2) == 2 / 3  # {ab, ba} of ab, ba, ab; exact: the same division of 2 by 3
     assert distinct_n(["a b", "c d"], 2) == 1.0 and distinct_n(["a"], 2) == 0.0
 
 
@@ -246,10 +253,11 @@ def test_evaluate_is_the_same_for_the_same_checkpoint_and_seed(tok):
     c = evaluate(policy, reference, tok, stories, problems, None, n=3, max_new_tokens=10, seed=5)
     assert c["completions"] != a["completions"]  # another seed, other draws
     same = evaluate(reference, reference, tok, stories, problems, None, n=3, max_new_tokens=10, seed=4)
-    assert same["kl"] == pytest.approx(0.0, abs=1e-5) and same["kl_k3"] == pytest.approx(0.0, abs=1e-5)
+    assert same["kl"] == 0.0 and same["kl_k3"] == 0.0  # one model as both: the same log-probs, exactly
     assert {"accuracy", "distinct_1", "distinct_2", "length", "proxy", "gold_se"} <= set(a)
     assert (a["distinct_1"], a["distinct_2"]) == (distinct_n(a["completions"], 1), distinct_n(a["completions"], 2))
     assert a["distinct_1"] < a["distinct_2"] < 1  # ~3 words: few distinct ones, more distinct pairs
+    # a float32 mean of 9 golds in [0, 1] against the float64 mean of the same floats: ≲ 9·u = 5.4e-7 relative
     assert a["gold"] == pytest.approx(sum(a["gold_each"]) / len(a["gold_each"]))
 
 

@@ -58,10 +58,12 @@ def test_truncated_is_weights_by_hand():
     mu = torch.log(torch.tensor([[0.25, 0.4], [0.3, 0.1]]))
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     weights, stats = truncated_is_weights(logp, mu, mask, cap=2.0)
+    # float32: each ratio is exp(log a − log b) of rounded probabilities: ≲ 8 roundings ≈ 5e-7 relative; the cap
+    # (2.0) and the padded 0 are exact. The mean adds a 3-term sum and a divide: ≲ 6e-7 < approx's rel 1e-6
     assert torch.allclose(weights, torch.tensor([[2.0, 0.5], [2.0, 0.0]]))
     assert stats["offpolicy/ratio"] == pytest.approx((2 + 0.5 + 3) / 3)
     assert stats["offpolicy/ratio_max"] == pytest.approx(3.0)
-    assert stats["offpolicy/capped"] == pytest.approx(1 / 3)
+    assert stats["offpolicy/capped"] == 1 / 3  # exact: a count (1.0) over a count (3.0), divided as here
     on_policy, stats = truncated_is_weights(logp, logp.clone(), mask)
     assert torch.equal(on_policy, mask) and stats["offpolicy/ratio"] == 1.0 and stats["offpolicy/capped"] == 0.0
     with pytest.raises(ValueError, match="cap must be ≥ 1"):
@@ -110,18 +112,24 @@ def test_staleness_one_weighs_by_the_sampler_not_the_updated_policy(tok):
     logp1 = own_logprobs(policy, stale)  # (B, T-1) at θ1
     mask = stale.mask.float()  # (B, T-1)
     ratio = torch.exp(logp1 - stale.behaviour_logp) * mask
-    assert not torch.allclose(ratio, mask)  # the policy moved: the ratios differ from 1
+    assert not torch.allclose(ratio, mask)  # the policy moved: the ratios differ from 1 by O(0.1), not by rounding
     adv = rloo_advantages(stale.rewards, 4)
     expected = -(masked_sum(ratio.clamp(max=1.2) * adv[:, None] * logp1, stale.mask, dim=1)).mean().item()
     wrong = {"the updated policy": mask, "the reference": (torch.exp(logp1 - stale.ref_logp) * mask).clamp(max=1.2)}
     metrics = pg_update(copy.deepcopy(policy), torch.optim.AdamW(policy.parameters(), lr=0.0), stale, cfg)
+    # the update's own forward pass (with gradients) may order its sums otherwise: a log-prob (a logsumexp of ~300
+    # logits, |logp| ≲ 6) off by ~√300·6e-8 ≈ 1e-6, so a ratio by ~1e-6 relative; the mean sums 71 ratios ~1:
+    # ≲ 71·6e-8 ≈ 4e-6 relative. The share above the cap counts the same tokens (no ratio within 1% of 1.2 here):
+    # float64 against float32 division, ≤ 6e-8 relative
     assert metrics["offpolicy/ratio"] == pytest.approx((ratio.sum() / mask.sum()).item(), rel=1e-5)
     assert metrics["offpolicy/ratio_max"] == pytest.approx(ratio.max().item(), rel=1e-5)
     assert metrics["offpolicy/capped"] == pytest.approx(((ratio > 1.2).float().sum() / mask.sum()).item())
-    assert metrics["loss/policy"] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    # the loss sums ≤ 6 tokens per row and averages 12 rows of terms w·A·logp that nearly cancel (Σ|terms| ≈ 16 a
+    # row against a loss of ~0.7): two orders and product roundings give ≲ (6 + 12 + 3)·6e-8·16 ≈ 2e-5
+    assert metrics["loss/policy"] == pytest.approx(expected, rel=1e-5, abs=3e-5)
     for name, w in wrong.items():
         other = -(masked_sum(w * adv[:, None] * logp1, stale.mask, dim=1)).mean().item()
-        assert not math.isclose(other, expected, rel_tol=1e-4), name  # the test tells these apart
+        assert not math.isclose(other, expected, rel_tol=1e-4), name  # they differ by ~20%: far beyond 3e-5
 
 
 def test_ppo_weighs_its_clipped_terms_and_is_unchanged_at_staleness_zero(tok):
@@ -147,6 +155,7 @@ def test_ppo_weighs_its_clipped_terms_and_is_unchanged_at_staleness_zero(tok):
     ro.behaviour_logp = own_logprobs(tiny_gpt(tok, 2), ro)  # as if another policy had sampled
     metrics = ppo_step(copy.deepcopy(policy), None, make_optimizer(policy, None, 0.0, 0.0), ro,
                        AdaptiveKLController(0.05, 1.0, 100), cfg, torch.Generator().manual_seed(1))
+    # another policy's log-probs move the ratios and the loss by O(1), far beyond approx's default rel 1e-6
     assert metrics["offpolicy/ratio"] != pytest.approx(1.0) and metrics["loss/policy"] != pytest.approx(
         sync["loss/policy"])
 
@@ -188,6 +197,9 @@ def test_the_worker_samples_what_this_process_would_and_reports_its_errors(tok):
         here = rollout(policy, reference, tok, PROMPTS, 4, length_reward, max_new_tokens=6, generator=here_g)
         assert torch.equal(ro.sequences, here.sequences) and ro.completions == here.completions
         assert torch.equal(worker.stream, here_g.get_state())
+        # the same forward pass in the worker, on 1 thread against this process's 2: another split of its sums.
+        # A log-prob (a logsumexp of ~300 logits, |logp| ≲ 6) moves by ≲ 300·6e-8 ≈ 2e-5 worst case, ~1e-6
+        # typical; allclose's atol 1e-5 + rtol 1e-5 × |logp| covers it
         assert torch.allclose(ro.behaviour_logp, own_logprobs(policy, here), atol=1e-5)
         assert torch.allclose(ro.ref_logp, here.ref_logp, atol=1e-5)
         worker.submit(policy, [])

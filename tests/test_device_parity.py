@@ -75,6 +75,12 @@ def run_steps(device: str, cfg: TrainConfig, init: dict, data: list) -> tuple[li
     return losses, {name: p.detach().cpu() for name, p in model.named_parameters()}
 
 
+# The tolerances, from the computation: another device sums in another order (cuBLAS, its reductions, fused AdamW).
+# update_rtol: a gradient with a real size (≫ rounding) is ~1e-6 relative off, and Adam's step lr·m/(√v + eps) with
+# it; a gradient that is 0 in exact arithmetic (the key biases': softmax ignores a shift of every score) is rounding
+# noise ~6e-8·Σ|terms| ≈ 1e-11 here, ≪ eps = 1e-8, so its step is ≲ 1e-3·lr: both far below 1% of the distance moved.
+# rtol: weights apart by ≤ 1% of the distance moved change losses that moved by ≲ 1% (4.18 → 4.21 here) by ≲ 1e-4
+# relative, and a forward pass of ≤ 128-term float32 sums adds ≲ 128·6e-8 ≈ 8e-6: 1e-3 leaves a 10x margin.
 def compare_steps(device_a: str, device_b: str, steps: int = 5, cfg_a: TrainConfig | None = None,
                   cfg_b: TrainConfig | None = None, rtol: float = 1e-3, update_rtol: float = 1e-2,
                   seed: int = 0) -> Comparison:
@@ -122,6 +128,8 @@ def test_compare_steps_reports_a_run_that_differs():
     result = compare_steps("cpu", "cpu", cfg_b=TrainConfig(**{**vars(STEPS_CFG), "lr": 2 * STEPS_CFG.lr}))
     assert not result.ok
     assert result.losses_a[0] == result.losses_b[0]  # the first loss comes before any update
+    # twice the lr moves every weight about twice as far: apart by ~the distance moved (≈ 0.5 of it, measured); 0.1
+    # is 10x the update_rtol that rounding must stay under
     assert "weights after 5 steps differ" in result.mismatch and result.update_rel_diff > 0.1, result.mismatch
 
 

@@ -43,6 +43,16 @@ def result(runs: Path, processes: str, case: str) -> dict:
     return json.loads((runs / processes / f"{case}.json").read_text())
 
 
+# How close 1 and 2 processes can be. The rollouts are the same floats in both; each rank sums its rows' terms and the
+# all-reduce adds the two halves: another order, ≲ N·6e-8 of Σ|terms| apart for N ≲ 120 tokens (a mean like the
+# entropy ~5.7: ≲ 7e-6 relative). AdamW (lr 1e-2) then follows relative changes of a gradient and turns a near-zero
+# one's noise into moves of up to lr·noise/eps, so after 1-3 steps the weights drift (an embedding row by ~1e-4) and
+# log-probs with them: a per-sequence sum of ≤ 6 tokens (a KL) by ~1e-5 (2.5e-6 seen). REL for the large numbers (a
+# gradient norm after 3 Adam steps was 1.4e-6 relative apart on another CPU in test_distributed_prefs), ABS near 0.
+# The ranks' shares (3 and 2 groups) weighted 1:1 move the losses by 0.1-3 and the checksums by 3-12.
+REL, ABS = 1e-4, 1e-4
+
+
 @pytest.mark.parametrize("case", UPDATE_CASES)
 def test_two_processes_update_as_one(runs, case):
     """Every metric of every step (the loss, the KL, the rewards and their std, the entropy, the clip fraction, the
@@ -52,11 +62,16 @@ def test_two_processes_update_as_one(runs, case):
     for step, (a, b) in enumerate(zip(one["steps"], two["steps"])):
         assert a.keys() == b.keys(), (case, step)
         for name in a:
-            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-5), (case, step, name)
+            assert b[name] == pytest.approx(a[name], rel=REL, abs=ABS), (case, step, name)
     assert two["checksums"][0] == two["checksums"][1]  # the ranks' weights stay identical
-    assert two["checksums"][0] == pytest.approx(one["checksums"][0], rel=1e-5)
+    # Σ of ~3e4 weights ≈ 100, each drifting as above: the 32 key biases (gradient 0 in exact arithmetic, noise ~1e-11
+    # ≪ eps) by ≲ lr·noise/eps ≈ 1e-5 a step, the others by ≲ lr times their gradient's relative rounding: ≲ 1e-3 in
+    # all (3e-4 seen; rel 1e-5 was 1e-3)
+    assert two["checksums"][0] == pytest.approx(one["checksums"][0], rel=1e-4)
     if case.startswith("ppo"):  # the adaptive KL coefficient moved, and by every rank's KL alike
-        assert two["kl_coef"] == pytest.approx(one["kl_coef"], rel=1e-6) and one["kl_coef"] != 0.05
+        # the KL (≈ 0 at the start, then < 0) stays under 0.8·target: KL/target − 1 is clipped to −0.2 whatever its
+        # last bits, and the coefficient is the same float64 ops on the same numbers: equal bit for bit
+        assert two["kl_coef"] == one["kl_coef"] and one["kl_coef"] != 0.05
 
 
 def test_the_filter_case_drops_groups(runs):

@@ -28,6 +28,9 @@ def one_pair(**kwargs):
     return dpo_loss(t(POLICY_C), t(POLICY_R), t(REF_C), t(REF_R), **kwargs)
 
 
+# The hand-worked tests of dpo_loss: its float32 value against the float64 formula at pytest.approx's default rel 1e-6.
+# The log-probs are small integers (exact), β·h and log σ each round once or twice (≤ 6e-8 relative each), the
+# (1 − ε), ε weights once more: ≲ 3e-7 relative (~1e-7 seen). A 6-digit decimal written by hand: abs 1e-6 (≤ 5e-7 off).
 @pytest.mark.grades("dpo.dpo_loss")
 def test_dpo_loss_by_hand():
     losses, chosen, rejected = one_pair(beta=0.1)
@@ -82,7 +85,9 @@ def test_bad_arguments_are_refused():
 def test_metrics():
     m = preference_metrics(torch.tensor([0.3, -0.1]), torch.tensor([0.1, 0.2]), torch.tensor([-5.0, -7.0]),
                            torch.tensor([-6.0, -6.0]))
-    assert m["rewards/margins"] == pytest.approx(-0.05) and m["rewards/accuracies"] == 0.5
+    # float32: the inputs ±1.5e-8 each, then two differences and a mean of 2 (≲ 5e-8 in all): abs 1e-7 of the
+    # margin −0.05 (the default rel 1e-6 would be 5e-8); the chosen reward 0.1 the same way, ≲ 3e-8 (default rel)
+    assert m["rewards/margins"] == pytest.approx(-0.05, abs=1e-7) and m["rewards/accuracies"] == 0.5
     assert m["rewards/chosen"] == pytest.approx(0.1) and m["logps/rejected"] == -6.0
 
 
@@ -117,6 +122,8 @@ def test_concatenated_logps_are_sums_over_each_response_alone(tok):
             row, n = encode_chat(tok, p["prompt"], p[side])
             logp = torch.log_softmax(model(torch.tensor([row]))[0], dim=-1)  # (T, V): position t predicts token t+1
             alone.append(sum(logp[t - 1, row[t]].item() for t in range(n, len(row))))
+        # log-probs all < 0 (no cancellation): a float32 sum of ≤ 15 of them (≤ 15·6e-8 of |sum| ≲ 110) against a
+        # float64 one, and a few ulp per token from the padded batch: ≲ 2e-6 relative, under allclose's rtol 1e-5
         assert torch.allclose(got, torch.tensor(alone), atol=1e-5)
     lengths = [len(tok.encode(p[side])) + 1 for side in ("chosen", "rejected") for p in PAIRS]  # the response + EOS
     assert completion.sum(1).tolist() == lengths
@@ -128,6 +135,8 @@ def test_precomputed_reference_logps_equal_the_live_ones(tok):
     cached = reference_logps(reference, tok, pairs, batch_size=2)  # (N, 2), in batches of another shape
     with torch.no_grad(), eval_mode(reference):
         live = torch.stack(concatenated_logps(reference, *preference_batch(tok, pairs)), dim=1)
+    # the cache's batches have other rows and another width: a few ulp per token (|logp| ≲ 8), ≤ 15 tokens summed in
+    # float32 (≤ 15·6e-8 of |sum|, all terms < 0): ≲ 2e-6 relative, under allclose's rtol 1e-5 (equal here)
     assert cached.shape == (3, 2) and torch.allclose(cached, live, atol=1e-5)
 
 
@@ -144,7 +153,9 @@ def test_dpo_steps_raise_the_preference_margin_of_a_tiny_gpt(tok):
         opt.zero_grad()
         losses.mean().backward()
         opt.step()
-    assert margins[0] == pytest.approx(0.0, abs=1e-5) and margins[-1] > 0.5  # the policy starts as the reference
+    # the policy starts as the reference: the same weights on the same batch (the cache's one batch is PAIRS, already
+    # in length order), so the same floats and a margin of 0 exactly
+    assert margins[0] == 0.0 and margins[-1] > 0.5
 
 
 @pytest.mark.grades("dpo.concatenated_logps")
@@ -165,7 +176,9 @@ def test_padding_on_both_sides_counts_only_the_response_tokens(tok):
     for (row, n), got in zip(rows, (chosen, rejected)):
         logp = torch.log_softmax(model(torch.tensor([row]))[0], dim=-1)
         by_hand = sum(logp[t - 1, row[t]].item() for t in range(n, len(row)))  # the response tokens and EOS
-        assert got.item() == pytest.approx(by_hand, abs=1e-5)
+        # log-probs all < 0: a float32 sum of a few (≤ n·6e-8 of |sum| ~ 40) against a float64 one, plus a few ulp per
+        # token from the padded row: relative, ≲ 2e-6 (abs 1e-5 was 2.5e-7 of 40, under the worst case)
+        assert got.item() == pytest.approx(by_hand, rel=1e-5)
 
 
 def test_at_step_zero_the_loss_is_log_two_and_every_margin_is_zero(tok):
@@ -173,8 +186,10 @@ def test_at_step_zero_the_loss_is_log_two_and_every_margin_is_zero(tok):
     batch = preference_batch(tok, PAIRS)
     ref_c, ref_r = frozen_logps(reference, *batch)
     m = dpo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.0), batch, ref_c, ref_r, DPOConfig(beta=0.3))
+    # policy and reference: the same weights on the same batch, the same floats, so h = 0 exactly; the float32
+    # −log σ(0) is log 2 to an ulp or two (6e-8 each)
     assert m["loss"] == pytest.approx(math.log(2), abs=1e-6)
-    assert m["rewards/margins"] == pytest.approx(0.0, abs=1e-6) and m["rewards/chosen"] == pytest.approx(0.0, abs=1e-6)
+    assert m["rewards/margins"] == 0.0 and m["rewards/chosen"] == 0.0  # β·0 exactly
     assert m["grad_norm"] > 0  # the gradient is not zero at h = 0: σ(0) = 1/2 pushes the margin up
 
 
@@ -195,11 +210,15 @@ def test_cached_and_live_reference_train_the_same_policy(tok, cfg):
             history.append(dpo_step(policy, opt, batch, ref_c, ref_r, cfg))
         runs.append((history, policy))
     (h_cached, p_cached), (h_live, p_live) = runs
+    # one computation: the cache is the live reference's floats (steps 0 and 2: the same batch, the cache's one batch
+    # being PAIRS in length order; step 1: the same rows at the same width, and a row's forward pass does not depend on
+    # the others), and the policies' steps are alike. Equal bit for bit; a tolerance could not stand in for it: AdamW
+    # moves a weight by ±lr whatever its gradient's size, and IPO's loss is 2|h − 1/(2β)| ≈ 10 times h's last bits
     for a, b in zip(h_cached, h_live):
-        assert a == pytest.approx(b, abs=1e-5)
-    assert h_cached[-1]["rewards/margins"] != pytest.approx(0.0, abs=1e-4)  # the steps did move the policy
+        assert a == b
+    assert abs(h_cached[-1]["rewards/margins"]) > 1e-4  # the steps did move the policy (~1 after two steps)
     for pa, pb in zip(p_cached.parameters(), p_live.parameters()):
-        assert torch.allclose(pa, pb, atol=1e-5)
+        assert torch.equal(pa, pb)
 
 
 def test_a_step_descends_the_mean_of_the_pair_losses(tok):
@@ -215,8 +234,11 @@ def test_a_step_descends_the_mean_of_the_pair_losses(tok):
     policy = tiny_gpt(tok, 0)
     m = dpo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.1), batch, ref_c, ref_r,
                  DPOConfig(beta=0.3, max_grad_norm=1e6))
-    assert m["loss"] == pytest.approx(losses.mean().item(), rel=1e-6)
+    assert m["loss"] == losses.mean().item()  # the same model, batch and ops: the same float
+    # the same gradients, their norm in two orders (per-tensor norms then their norm, or one sum of squares): float32
+    # sums of ~3e4 positive terms in cascades (≲ log2(3e4)·6e-8 ≈ 1e-6 relative; 7e-8 seen)
     assert norm > 0 and m["grad_norm"] == pytest.approx(norm, rel=1e-4)
+    # SGD's p − 0.1·g (the clip's factor is 1.0 exactly) in one op, against two roundings here: ≤ 2 ulp of |p| ≲ 1
     for p, q in zip(policy.parameters(), by_hand.parameters()):
         torch.testing.assert_close(p, q.detach() - 0.1 * q.grad, atol=1e-6, rtol=1e-5)
 
@@ -242,7 +264,8 @@ def test_sampled_pairs_take_the_best_and_the_worst_story_and_label_them_with_bra
     assert [p["prompt"] for p in pairs] == ["a", "special"]
     for p in pairs:
         assert {p["chosen"], p["rejected"]} == {"great", "poor"}
-        assert p["p_chosen"] == pytest.approx(1 / (1 + math.exp(-8 * (p["gold_chosen"] - p["gold_rejected"]))))
+        # the same float64 expression as preferences.sigmoid(BT_BETA · Δ), BT_BETA = 8.0: the same float
+        assert p["p_chosen"] == 1 / (1 + math.exp(-8 * (p["gold_chosen"] - p["gold_rejected"])))
         assert golds[p["chosen"]] == p["gold_chosen"]
 
     # the labeller's noise: over many prompts the better story is chosen σ(8 · 0.7) = 0.9963 of the time, the worse

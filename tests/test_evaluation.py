@@ -40,6 +40,8 @@ def binomial_two_sided(k: int, m: int) -> float:
     pmf = [0.5 ** m]
     for i in range(m):
         pmf.append(pmf[-1] * (m - i) / (i + 1))  # C(m, i + 1) / 2^m from C(m, i) / 2^m
+    # 1e-7: equal pmf values (i and m − i) reached by ≲ 2m float64 roundings (≲ 1e-14 apart) count as ties; distinct
+    # ones differ by a factor ≥ (m/2 + 1)/(m/2) ≥ 1.04
     return min(1.0, sum(p for p in pmf if p <= pmf[k] * (1 + 1e-7)))
 
 
@@ -49,12 +51,14 @@ def test_mcnemar_against_an_independent_computation():
         for c in range(0, 25):
             before, after = [1] * b + [0] * c + [1, 0], [0] * b + [1] * c + [1, 0]  # + one right, one wrong in both
             expected = 1.0 if b + c == 0 else binomial_two_sided(b, b + c)
+            # float64: exact integers divided once against ≲ 2·48 roundings of the loop and a sum of ≤ 49 terms,
+            # ≲ 1e-14 relative; 1e-9 leaves room for a student's other float route (lgamma, a float pmf)
             assert mcnemar_exact(before, after)["p_value"] == pytest.approx(expected, rel=1e-9), (b, c)
     try:
         from scipy.stats import binomtest
     except ImportError:
         return  # scipy is not a dependency; the loop above is the second computation
-    for b, c in ((1, 6), (3, 17), (40, 61)):
+    for b, c in ((1, 6), (3, 17), (40, 61)):  # scipy's float64 pmf by another route: ≪ the default rel 1e-6
         assert (mcnemar_exact([1] * b + [0] * c, [0] * b + [1] * c)["p_value"]
                 == pytest.approx(binomtest(b, b + c).pvalue))
 
@@ -79,10 +83,13 @@ def test_paired_gain_by_hand():
     # Deviations 5/12, 2/12, -7/12: squares sum to (25 + 4 + 49) / 144 = 78/144 = 13/24; over P − 1 = 2: s² = 13/48;
     # s.e. = s / √3 = √(13/144) = √13 / 12 = 0.300463
     gain, se = paired_gain(after, before, 2)
+    # float64: the differences and prompt means are exact (halves and quarters), the gain rounds once (≤ 7e-18);
+    # the s.e. takes ~10 roundings of values ≤ 0.6 (≲ 10·1.1e-16·0.3 = 3e-16)
     assert gain == pytest.approx(1 / 12, abs=1e-15)
     assert se == pytest.approx(math.sqrt(13) / 12, abs=1e-15)
     # (over the 6 samples instead of the prompts it would be 0.2713; with ddof 0 over prompts, 0.2453)
-    assert paired_gain(before, after, 2) == pytest.approx((-1 / 12, math.sqrt(13) / 12))  # the other way round
+    # the other way round: the same float64 ops with the signs flipped, within approx's default rel 1e-6 as above
+    assert paired_gain(before, after, 2) == pytest.approx((-1 / 12, math.sqrt(13) / 12))
     assert paired_gain(after, after, 3) == (0.0, 0.0)
 
 
@@ -93,6 +100,7 @@ def test_paired_gain_is_the_mean_and_se_of_the_prompt_means():
     per_prompt = [statistics.fmean(a[i:i + 4].tolist()) - statistics.fmean(b[i:i + 4].tolist())
                   for i in range(0, 40, 4)]
     gain, se = paired_gain(a.tolist(), b.tolist(), 4)
+    # float64 both (statistics rounds its sums exactly): 40 values in [0, 1], ≲ 40·1.1e-16 = 4e-15 apart
     assert gain == pytest.approx(statistics.fmean(per_prompt), abs=1e-12)
     assert se == pytest.approx(statistics.stdev(per_prompt) / math.sqrt(10), abs=1e-12)
 
@@ -145,7 +153,7 @@ def test_greedy_eval_by_hand(tok):
     result = greedy_eval(model, tok, examples, proxy_fn=lambda ps, rs: [float(len(p) + len(r)) for p, r in zip(ps, rs)])
     assert result["gold_each"] == [1.0, 0.0, 1.0, 0.0] and result["gold"] == 0.5 and result["n"] == 4
     assert result["ended"] == 1.0 and result["verifiable"] is True
-    assert result["proxy"] == pytest.approx((13 + 13 + 13 + 13) / 4)  # "Add a and b." (12 characters) + "5"
+    assert result["proxy"] == (13 + 13 + 13 + 13) / 4  # "Add a and b." (12 characters) + "5"; exact: 52/4
     assert [s["response"] for s in result["samples"]] == ["5"] * 4 and result["samples"][1]["gold"] == 0.0
     assert "proxy" not in greedy_eval(model, tok, examples)
     cut = greedy_eval(model, tok, examples, max_new_tokens=1)  # room for "5" but not for its EOS
@@ -190,8 +198,11 @@ def test_sampled_eval_draws_the_same_every_call_and_kl_is_zero_against_itself(to
     by_prompt = {e["prompt"]: e for e in EXAMPLES}
     for i, text in enumerate(a["completions"]):  # sample j of prompt i at i * n + j, each scored by the gold reward
         assert a["gold_each"][i] == gold_rewards.gold_reward(by_prompt[prompts[i // 4]], text)
+    # float32 against float64 on the same 12 golds, each 0 or 1: the float32 sum is exact and k/12 rounds once
     assert a["gold"] == pytest.approx(statistics.fmean(a["gold_each"]))
-    assert a["gold_se"] == pytest.approx(statistics.stdev(a["gold_each"]) / math.sqrt(12), abs=1e-7)
+    # the float32 s.e. (mean, 12 deviations squared and summed, /11, sqrt, /√12) takes ≲ 12 roundings of u, ≲ 7e-7
+    # relative: abs 1e-7 on a s.e. up to 0.15 had no margin, so rel 2e-6
+    assert a["gold_se"] == pytest.approx(statistics.stdev(a["gold_each"]) / math.sqrt(12), rel=2e-6)
     assert a["proxy_each"] == a["gold_each"] and a["has_proxy"] is False
     assert [s["prompt"] for s in a["samples"]] == prompts and a["kl_k3"] > 0 and 1 <= a["length"] <= 8
 

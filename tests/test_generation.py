@@ -131,6 +131,7 @@ def test_sampling_draws_each_token_with_its_probability():
         draws = sample_next(z.expand(40_000, -1), temperature=temperature, generator=torch.Generator().manual_seed(0))
         freq = torch.bincount(draws, minlength=5).float() / draws.numel()
         assert freq[1] == 0
+        # sampling, not rounding: a frequency of 40,000 draws has sd ≤ √(0.25/40,000) = 0.0025; 0.01 is 4 sd
         assert torch.allclose(freq, torch.softmax(z[0] / temperature, dim=-1), atol=0.01)
 
 
@@ -144,11 +145,17 @@ def test_temperature_zero_is_argmax():
 def test_token_logprobs_by_hand_and_stable():
     logits = torch.log(torch.tensor([[[0.2, 0.3, 0.5], [0.6, 0.3, 0.1]]]))
     lp = token_logprobs(logits, torch.tensor([[2, 0]]))
+    # float32: the rounded probabilities and their logs (≲ 6e-8 × |log| each), a logsumexp of 3 exps summing to
+    # ~1 (≲ 4·6e-8): ≲ 5e-7 absolute
     assert lp.tolist()[0] == pytest.approx([math.log(0.5), math.log(0.6)], abs=1e-6)
     big = torch.tensor([[[1e4, 0.0, -1e4]]])
+    # exp(-1e4) underflows to 0, so z - logsumexp is -1e4 exactly; approx's rel 1e-6 (0.01, ~10 ulps of 1e4) lets
+    # another stable form pass, while the unstable log(softmax) gives -inf
     assert token_logprobs(big, torch.tensor([[1]])).item() == pytest.approx(-1e4)
     x = torch.randn(2, 5, 11)
     t = torch.randint(0, 11, (2, 5))
+    # two float32 forms of an 11-term logsumexp: its sum ≲ 11·6e-8 relative off, ≲ 7e-7 in the log, plus a rounding
+    # of |lp| ≲ 5: allclose's atol 1e-6 + its default rtol 1e-5 × |lp| covers it
     assert torch.allclose(token_logprobs(x, t), torch.log_softmax(x, -1).gather(-1, t[..., None])[..., 0], atol=1e-6)
 
 
@@ -181,6 +188,9 @@ def test_sequence_logprobs_of_left_padded_rows_equal_each_row_alone(model):
                 logits = model(torch.tensor([r[:t]]))[0, -1].double() / temperature
                 expected = torch.log_softmax(logits, -1)[r[t]].item()
                 col = ids.size(1) - len(r) + t - 1  # column of the log-prob of token r[t] in the padded row
+                # the padded batch against the prefix alone (other product shapes, a mask: another order of ≤ 128-term
+                # sums on logits ≲ 0.5, ≲ 1e-6), and a float32 logsumexp of 40 exps against float64: its sum ≲ 40·6e-8
+                # relative off, ≲ 2.4e-6 in the log: ≲ 4e-6 worst case
                 assert lp[i, col].item() == pytest.approx(expected, abs=1e-5)
             assert (lp[i, : ids.size(1) - len(r)] == 0).all()  # padding (and the first token, with no prefix) gets none
 
@@ -202,6 +212,8 @@ def test_sequence_logprobs_align_with_the_completion_mask_and_carry_gradients():
         n_prompt = int((gen.attention_mask[i, :gen.prompt_length]).sum())
         by_hand = sum(torch.log_softmax(m(torch.tensor([seq[:t]]))[0, -1].double(), -1)[seq[t]].item()
                       for t in range(n_prompt, len(seq)))
+        # ≤ 6 float32 log-probs, each ≲ 4e-6 off float64 (as in the test above), and their float32 sum (|Σ| ≲ 25):
+        # ≲ 6·4e-6 + 6·6e-8·25 ≈ 3e-5
         assert (lp[i] * completion[i]).sum().item() == pytest.approx(by_hand, abs=1e-4)
 
 
@@ -215,5 +227,7 @@ def test_sequence_logprobs_of_right_padded_rows_equal_each_row_alone(model):
     lp = sequence_logprobs(model, ids, mask)  # (2, 4)
     for i, r in enumerate(rows):
         alone = sequence_logprobs(model, torch.tensor([r]))[0]  # no mask, no padding
+        # the batch with a mask against the row alone: other orders of the same float32 sums (≲ 1e-6 on the logits)
+        # and of a 40-term logsumexp (≲ 40·6e-8 ≈ 2.4e-6 in the log): ≲ 4e-6 worst case
         torch.testing.assert_close(lp[i, : len(r) - 1], alone, atol=1e-5, rtol=0)
     assert lp[1, 2:].tolist() == [0.0, 0.0]  # targets 3 and 4 of row 2 are padding

@@ -16,6 +16,7 @@ from llm_from_scratch import tinyworld as tw
 def test_pretraining_mixture_and_story_shape():
     samples = tw.generate_pretraining(300_000, seed=1)
     share = Counter(s.kind for s in samples)
+    # sampling, not rounding: ~2,000 documents, each a story with probability 0.45: s.e. 0.011, so ~3 s.e.
     assert share["story"] / len(samples) == pytest.approx(0.45, abs=0.03)
     vocab = tw.vocabulary()
     for s in samples:
@@ -67,13 +68,14 @@ def test_story_reward_cases():
     assert gold_rewards.story_reward(SPEC, repeated) < 0.1
     padded = GOOD.replace(" The end.", " She was very happy." * 5 + " The end.")
     assert gold_rewards.story_reward(SPEC, padded) < 0.1
+    # exact below: float64 sums of quarters and eighths, times the other parts, each exactly 1 here
     # a sad ending loses the ending half, even with a happy word earlier in the story
-    assert gold_rewards.story_reward(SPEC, SAD) == pytest.approx(0.5)
+    assert gold_rewards.story_reward(SPEC, SAD) == 0.5
     # no red kite: loses the object quarter
-    assert gold_rewards.story_reward(SPEC, GOOD.replace("red kite", "blue ball")) == pytest.approx(0.75)
-    assert gold_rewards.story_reward(SPEC, GOOD.replace("red kite", "blue kite")) == pytest.approx(0.875)
+    assert gold_rewards.story_reward(SPEC, GOOD.replace("red kite", "blue ball")) == 0.75
+    assert gold_rewards.story_reward(SPEC, GOOD.replace("red kite", "blue kite")) == 0.875
     # wrong name
-    assert gold_rewards.story_reward(SPEC, GOOD.replace("Mia", "Ava")) == pytest.approx(0.75)
+    assert gold_rewards.story_reward(SPEC, GOOD.replace("Mia", "Ava")) == 0.75
     # word salad
     words = tw.words_of(GOOD)
     salad = " ".join(words[i] for i in [(7 * i) % len(words) for i in range(len(words))])
@@ -91,7 +93,7 @@ def test_story_demonstrations_come_from_a_writer_of_mixed_skill():
     rng, flaws = tw.Recorder(2), Counter()
     for _ in range(2800):
         flaws.update(tasks.demonstration_story(rng, tasks.story_prompt(rng)[1])[1] or ["none"])
-    assert flaws["none"] / 2800 == pytest.approx(0.75, abs=0.035)
+    assert flaws["none"] / 2800 == pytest.approx(0.75, abs=0.035)  # the same 4 s.e. as above
     assert all(flaws[k] / 2800 == pytest.approx(1 / 28, abs=0.015) for k in tasks.CORRUPTIONS)  # s.e. 0.0035
     # the verifiable demonstrations stay correct
     for ex in tasks.generate_instructions(300, seed=4, tasks=("arithmetic", "word_problem", "sort", "count")):
@@ -150,6 +152,7 @@ FLAWED = {
 def test_gold_reads_the_story(flaw):
     assert gold_rewards.story_reward(SPEC, GOOD) == 1.0
     parts = gold_rewards.story_reward_parts(SPEC, FLAWED[flaw])
+    # + 1e-9: float64 products of a few parts in [0, 1], ≲ a few roundings of 1.1e-16 above an exact 0.75
     assert gold_rewards.story_reward(SPEC, FLAWED[flaw]) <= 0.75 + 1e-9, parts
 
 
@@ -173,6 +176,6 @@ def test_story_parts_name_what_broke():
 def test_story_reward_length_penalty():
     short = "There was a girl named Mia. Mia got a red kite. Mia felt happy. The end."
     parts = gold_rewards.story_reward_parts(SPEC, short)
-    assert parts["length"] == pytest.approx(len(tw.words_of(short)) / gold_rewards.STORY_WORDS[0])
+    assert parts["length"] == len(tw.words_of(short)) / gold_rewards.STORY_WORDS[0]  # exact: the same division
     long_story = GOOD.replace(" The end.", " It was a sunny day. She took the red kite to the park." * 4 + " The end.")
     assert gold_rewards.story_reward(SPEC, long_story) < 0.2

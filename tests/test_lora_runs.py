@@ -48,10 +48,12 @@ def test_dpo_with_lora_holds_one_network_saves_merged_weights_and_resumes_from_t
     out = runs / "dpo_lora4"
     result = json.loads((out / "eval.json").read_text())
     assert set(result["weights_held"]) == {POLICY}
-    assert result["flags"]["lora_rank"] == 4 and result["lr"] == pytest.approx(5e-4)  # LoRA's default: 10x
+    assert result["flags"]["lora_rank"] == 4 and result["lr"] == 5e-4  # LoRA's default: 10x (10 × 5e-5 is 5e-4 exactly)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first = next(r for r in records if "val/loss" in r)
-    assert first["val/loss"] == pytest.approx(math.log(2), abs=1e-6)  # the adapters-off reference is the policy
+    # the adapters-off reference is the policy: every margin is exactly 0 and every pair's loss log 2 in float32
+    # (4e-8 off); their float32 mean over the 100 held-out pairs, in any order: ≲ 100·6e-8·log 2 ≈ 4e-6
+    assert first["val/loss"] == pytest.approx(math.log(2), abs=5e-6)
     assert first["eval/sampled/kl"] == 0.0
 
     # model.safetensors is the policy with its adapters folded in: the SFT model + the stored adapters gives it back
@@ -59,9 +61,11 @@ def test_dpo_with_lora_holds_one_network_saves_merged_weights_and_resumes_from_t
     merged = load_gpt(out, vocab_size=tok.vocab_size, dropout=0.0)
     ids = torch.tensor([tok.encode("Write a happy story about Mia.")])
     with torch.no_grad():
+        # W + s·BA rounded once against W x + s·B(A x): other orders of 128- and 512-term float32 sums through 4
+        # layers, on logits ≲ 5: ~1e-6 (measured 1.4e-6), inside 1e-5 + 1e-5 × |logit|
         torch.testing.assert_close(merged(ids), policy(ids), rtol=1e-5, atol=1e-5)
         sft = load_gpt(runs / "sft", vocab_size=tok.vocab_size, dropout=0.0)
-        assert (merged(ids) - sft(ids)).abs().max() > 1e-4  # training moved it
+        assert (merged(ids) - sft(ids)).abs().max() > 1e-4  # training moved it: by ~0.1, not by rounding (~1e-6)
         with lora.adapters_disabled(policy):
             assert torch.equal(policy(ids), sft(ids))
     assert sorted(p.name for p in (out / "last").iterdir()) == ["adapters.safetensors", "train_state.pt"]
@@ -79,7 +83,7 @@ def test_rloo_and_ppo_with_lora_name_their_runs_and_hold_no_reference_copy(quick
     run(quick_env, "ch07_policy_gradient.py", "--lora-rank", "2", "--lora-targets", "attn")
     out = runs / "pg_word-problems_rloo_lora2"
     result = json.loads((out / "eval.json").read_text())
-    assert set(result["weights_held"]) == {POLICY} and result["lr"] == pytest.approx(5e-4)
+    assert set(result["weights_held"]) == {POLICY} and result["lr"] == 5e-4  # 10 × 5e-5 is the double 5e-4
     policy, _ = adapted_from_files(out, runs / "sft")
     assert set(lora.adapted_layers(policy)) == {f"blocks.{i}.attn.{n}" for i in range(4) for n in ("c_attn", "c_proj")}
 
@@ -99,6 +103,7 @@ def test_appendix_a_script_compares_full_and_lora_over_seeds(quick_env):
     out = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick" / "appA_lora"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["quick"] is True and summary["checks"]["fresh_equals_sft"]
+    # merged against adapted logits (appendix A's check): ~1e-6 on logits ≲ 5, as in the DPO test above
     assert summary["checks"]["adapters_off_equals_sft"] and summary["checks"]["merged_max_abs_diff"] < 1e-4
     counts = {(r["rank"], r["targets"]): r["trained"] for r in summary["counts"]}
     assert counts[(4, "all")] == 4 * 16 * 4 * 128  # n_layer · 16 · r · n_embd (test_lora.py works it out)
@@ -139,7 +144,7 @@ def test_lora_flags_name_the_run_fill_the_learning_rate_and_enter_the_flags_only
     assert (plain.lr, low_rank.lr, ch09.parse_args(["--lora-rank", "8", "--lr", "1e-4"]).lr) == (5e-5, 5e-4, 1e-4)
     assert (ch09.run_name(plain), ch09.run_name(low_rank)) == ("dpo", "dpo_lora8")
     stories = ch07.parse_args(["--task", "stories", "--lora-rank", "4"])
-    assert stories.lr == pytest.approx(2e-4) and ch07.run_name(stories) == "pg_stories_rloo_lora4"
+    assert stories.lr == 2e-4 and ch07.run_name(stories) == "pg_stories_rloo_lora4"  # 10 × 2e-5 is the double 2e-4
     for bad in (["--lora-rank", "-1"], ["--lora-alpha", "16"], ["--lora-targets", "mlp"],
                 ["--lora-rank", "4", "--lora-alpha", "nan"]):
         with pytest.raises(SystemExit):

@@ -18,6 +18,8 @@ def test_explicit_and_sdpa_models_agree():
     b = GPT(tiny(attn_impl="sdpa")).eval()
     b.load_state_dict(a.state_dict())
     idx = torch.randint(0, 50, (3, 20))
+    # two attention orders through 2 layers of ≤ 64-term float32 sums; the head (rows of std 0.02) keeps logits ≲ 0.5:
+    # ≲ 64·6e-8 ≈ 4e-6 relative worst case, ~1e-7 typical
     assert (a(idx) - b(idx)).abs().max() <= 1e-5
 
 
@@ -35,6 +37,8 @@ def test_left_padded_rows_compute_the_same_logits_as_alone(impl):
     batched = model(idx, attention_mask=mask)
     for i, r in enumerate(rows):
         alone = model(r[None])
+        # the batch with a mask against the row alone: other product shapes, other orders of the same ≤ 64-term sums
+        # (≲ 4e-6 worst case on logits ≲ 0.5); allclose adds rtol 1e-5
         assert torch.allclose(batched[i, T - len(r):], alone[0], atol=1e-5)
 
 
@@ -50,6 +54,7 @@ def test_cached_forward_matches_full_forward_with_padding():
     parts = [model(idx[:, :6], attention_mask=mask[:, :6], kv_cache=cache)]
     for t in range(6, 10):
         parts.append(model(idx[:, t:t + 1], attention_mask=mask[:, :t + 1], kv_cache=cache))
+    # cached rows against the full pass: other product shapes, other orders of ≤ 64-term sums, ≲ 4e-6 worst case
     assert torch.allclose(torch.cat(parts, 1)[mask.bool()], full[mask.bool()], atol=1e-5)
     assert cache.length == 10
 
@@ -70,6 +75,8 @@ def test_gpt2_initialisation():
     model = GPT(GPTConfig(vocab_size=100, context_length=16, n_layer=8, n_head=4, n_embd=256))
     proj = torch.cat([b.attn.c_proj.weight.flatten() for b in model.blocks]
                      + [b.mlp.c_proj.weight.flatten() for b in model.blocks])
+    # sampling, not rounding: the std of N normal draws is ~1/√(2N) relative off (4e-4 for N = 2.6M, 1.4e-3 for
+    # 262k); a wrong scale (no 1/√(2L): x4) is far outside 2%
     assert proj.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.02)
     assert model.blocks[0].mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.02)
     assert model.blocks[0].attn.c_attn.bias.abs().max().item() == 0
@@ -160,6 +167,8 @@ def test_forward_matches_an_independent_numpy_gpt2(impl):
     idx = torch.randint(0, 50, (2, 11))
     ours = model(idx).double().detach().numpy()
     error = float(np.abs(ours - numpy_gpt_forward(model, idx.numpy())).max())
+    # float32 against float64: 32- and 128-term sums (each ≲ N·6e-8·Σ|x| ≲ 4e-6 worst case), and LayerNorms that
+    # divide by stds ~0.3 (x3 per norm) through 2 layers: ≲ 1e-5 worst case on logits ~0.4, ~1e-7 typical
     assert error < 1e-4, f"the logits differ from an independent NumPy GPT-2 by up to {error:.2e}"
 
 
@@ -174,4 +183,4 @@ def test_cached_decoding_without_a_mask_continues_the_positions(impl):
     parts = [model(idx[:, :6], kv_cache=cache)]
     for t in range(6, 10):
         parts.append(model(idx[:, t:t + 1], kv_cache=cache))
-    assert torch.allclose(torch.cat(parts, 1), model(idx), atol=1e-5)
+    assert torch.allclose(torch.cat(parts, 1), model(idx), atol=1e-5)  # as with padding above: ≲ 4e-6 worst case

@@ -35,9 +35,11 @@ def test_rloo_leaves_each_sample_out_of_its_own_baseline():
     # prompt B: rewards 3, 1, 2, 2 -> sample 0's baseline is mean(1, 2, 2) = 5/3, so 4/3; sample 1: 1 - 7/3 = -4/3
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 2.0, 2.0])
     expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 4 / 3, -4 / 3, 0.0, 0.0])
+    # float32, values ~1: exact sums of 4 small integers, then a division by 3 and a subtraction, each rounded
+    # (≲ 2 ulp, 2.4e-7 relative); allclose's rtol 1e-5 leaves room for a student's other order of the same ops
     assert torch.allclose(rloo_advantages(rewards, k=4), expected)
     # equivalently k/(k-1) times the deviation from the group mean; and a group of equal rewards carries no signal
-    assert torch.allclose(rloo_advantages(rewards, 4),
+    assert torch.allclose(rloo_advantages(rewards, 4),  # the same: two float32 routes, a few roundings each
                           4 / 3 * (rewards.view(2, 4) - rewards.view(2, 4).mean(1, True)).view(-1))
     assert torch.equal(rloo_advantages(torch.tensor([0.5, 0.5, 0.5]), 3), torch.zeros(3))
 
@@ -47,6 +49,8 @@ def test_rloo_baseline_never_sees_the_sample_it_judges():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     changed = rewards.clone()
     changed[0] = 10.0  # sample 0's own reward moves its advantage one for one, not through its baseline
+    # float32: 10 − 1/3 rounds by ≤ ½ ulp(10) = 4.8e-7, 1 − 1/3 by less, the difference once more: ≲ 1e-6, within
+    # approx's default rel 1e-6 of 9 (9e-6)
     assert rloo_advantages(changed, 4)[0] - rloo_advantages(rewards, 4)[0] == pytest.approx(9.0)
     with pytest.raises(ValueError, match="k ≥ 2"):
         rloo_advantages(rewards, 1)
@@ -62,7 +66,9 @@ def test_grpo_advantages_by_hand():
     std = math.sqrt(1 / 3)
     expected = torch.tensor([0.5, -0.5, -0.5, 0.5]) / (std + 1e-4)
     adv = grpo_advantages(rewards, 4)
+    # float32 std of 4 values (a sum of 4 exact squares, /3, sqrt) then a division: ≲ 4 roundings, 5e-7 relative
     assert torch.allclose(adv[:4], expected) and torch.equal(adv[4:], torch.zeros(4))
+    # exact in float32 (means of 0s, 1s and 2s); allclose's default leaves room for a student's other order
     assert torch.allclose(grpo_advantages(rewards, 4, scale="none"), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
     with pytest.raises(ValueError, match="scale"):
         grpo_advantages(rewards, 4, scale="batch")
@@ -74,12 +80,15 @@ def test_kl_estimators_on_explicit_distributions():
     pi, ref = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
     kl = (0.5 * math.log(0.5 / 0.2) + 0.3 * 0.0 + 0.2 * math.log(0.2 / 0.5))
     logp, ref_logp = pi.log(), ref.log()
-    # both estimators are unbiased: their expectation under pi is the KL
-    assert (pi * kl_k1(logp, ref_logp)).sum().item() == pytest.approx(kl, rel=1e-6)
-    assert (pi * kl_k3(logp, ref_logp)).sum().item() == pytest.approx(kl, rel=1e-6)
+    # both estimators are unbiased: their expectation under pi is the KL. Float32 against the float64 value: 4 logs
+    # of size ≤ 1.6, each within ~1 ulp (1.2e-7), their differences weighted by 0.5 and 0.2, 2 additions: ≲ 2.5e-7
+    # on a KL of 0.275, ~1e-6 relative in the worst case (rel 1e-6 had no margin), so 3e-6
+    assert (pi * kl_k1(logp, ref_logp)).sum().item() == pytest.approx(kl, rel=3e-6)
+    assert (pi * kl_k3(logp, ref_logp)).sum().item() == pytest.approx(kl, rel=3e-6)
     # k1 is negative where pi < ref; k3 never is; k3 by hand at the first token: ref/pi - 1 - log(ref/pi)
     assert kl_k1(logp, ref_logp)[2] < 0 and (kl_k3(logp, ref_logp) >= 0).all()
-    assert kl_k3(logp, ref_logp)[0].item() == pytest.approx(0.4 - 1 - math.log(0.4), rel=1e-6)
+    # float32: d from 2 logs (≲ 2e-7), times |∂k3/∂d| = 0.6, plus expm1's and the sum's roundings: ≲ 2e-7 on 0.316
+    assert kl_k3(logp, ref_logp)[0].item() == pytest.approx(0.4 - 1 - math.log(0.4), rel=3e-6)
     # both are exactly 0 where the policies agree
     assert torch.equal(kl_k1(logp, logp), torch.zeros(3)) and torch.equal(kl_k3(logp, logp), torch.zeros(3))
 
@@ -88,6 +97,8 @@ def test_kl_estimators_on_explicit_distributions():
 def test_masked_means_ignore_padding():
     x = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 0.0, -7.0, -7.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    # exact in float32 (sums of small integers, 10/5, 6/3, 4/2); the default tolerances leave room for a student's
+    # other route to the same mean (a product by 1/n rounds)
     assert masked_mean(x, mask).item() == pytest.approx((1 + 2 + 3 + 4 + 0) / 5)
     assert torch.allclose(masked_mean(x, mask, dim=1), torch.tensor([2.0, 2.0]))
     # a row without a single real token (a completion cut to nothing) gives 0, not 0/0
@@ -95,8 +106,11 @@ def test_masked_means_ignore_padding():
     assert masked_mean(x, empty, dim=1).tolist() == [1.5, 0.0]
     white = masked_whiten(x, mask)
     assert (white[mask == 0] == 0).all()
+    # float32, 5 whitened values (±0.71, ±1.41, 0; Σ|w| = 4.2), each rounded once in the division: their sum of 0
+    # is off by ≲ 5·u·4.2 = 1.3e-6, their mean by ≲ 3e-7
     assert masked_mean(white, mask).item() == pytest.approx(0.0, abs=1e-6)
-    assert masked_mean(white ** 2, mask).item() == pytest.approx(1.0, rel=1e-4)
+    # sqrt, division, square, 4 additions, /5: ≲ 10 roundings of u = 6e-7 relative (eps = 1e-8 moves it by 5e-9)
+    assert masked_mean(white ** 2, mask).item() == pytest.approx(1.0, rel=2e-6)
 
 
 @pytest.mark.grades("policy_gradient.aggregate")
@@ -104,6 +118,8 @@ def test_aggregate_normalisations_by_hand():
     # two sequences, lengths 3 and 1; per-token values 1, 2, 3 and 10
     per_token = torch.tensor([[1.0, 2.0, 3.0, 9.0], [10.0, 9.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    # exact in float32 (sums of small integers, divisions by 1, 2, 3, 4, 8 that come out even); the default rel 1e-6
+    # leaves room for a student's other route (a product by 1/n rounds)
     assert aggregate(per_token, mask, "sum").item() == pytest.approx((6 + 10) / 2)
     assert aggregate(per_token, mask, "sequence").item() == pytest.approx((2 + 10) / 2)
     assert aggregate(per_token, mask, "token").item() == pytest.approx(16 / 4)
@@ -125,8 +141,11 @@ def test_loss_types_by_hand():
                "dapo": (6 - 4 + 2 - 2) / 9}  # token level: Σ over all 9 tokens / 9 = 2/9
     for loss_type, expected in by_hand.items():
         how = normalisation("rloo", loss_type)  # the loss type overrides the estimator's own aggregation
+        # float32: the products and row sums are exact (halves and small integers), then 2/3 and a mean of 4 rows,
+        # or 2/9, round: ≲ 3 roundings of values ≤ 4, 2e-7 relative to 1/3
         assert policy_gradient_loss(logp, adv, mask, how, constant=4).item() == pytest.approx(expected), loss_type
     # without a loss type each estimator keeps its own: RLOO Σ_t then the mean over rows, (6 − 4 + 2 − 2) / 4
+    # (exact in float32; the default rel 1e-6 for a student's other route)
     assert normalisation("rloo") == normalisation("reinforce") == "sum"
     assert policy_gradient_loss(logp, adv, mask, normalisation("rloo"), constant=4).item() == pytest.approx(0.5)
     assert (normalisation("grpo"), normalisation("dr-grpo")) == ("sequence", "constant")
@@ -155,10 +174,11 @@ def test_advantages_are_constants_of_the_surrogate():
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]], requires_grad=True)
     adv = torch.tensor([1.0, -2.0], requires_grad=True)
     loss = policy_gradient_loss(logp, adv, torch.ones(2, 2))
+    # float32: −0.7 and the row sum −2.4 round (≲ 1.5e-7), and 3 − 2.4 cancels to 0.6: ≲ 3e-7 relative
     assert loss.item() == pytest.approx((1.0 * 3.0 - 2.0 * 1.2) / 2)
     loss.backward()
     assert adv.grad is None
-    assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5], [1.0, 1.0]]))
+    assert torch.equal(logp.grad, torch.tensor([[-0.5, -0.5], [1.0, 1.0]]))  # exact: −A_i (integers) times 1 / 2
 
 
 def test_policy_gradient_step_moves_probability_to_the_rewarded_token():
@@ -185,7 +205,8 @@ def test_clipped_loss_ratio_is_one_on_the_first_epoch_and_clips_after():
     adv = torch.tensor([1.0, -2.0])
     # old log-probs are constants, even when the same tensor
     loss, clipfrac = clipped_policy_loss(logp, logp, adv, mask)
-    # ratio 1 everywhere: the loss is -mean(A), its gradient the plain policy gradient, nothing clipped
+    # ratio 1 everywhere: the loss is -mean(A), its gradient the plain policy gradient, nothing clipped. Exact in
+    # float32 (exp(0) = 1, integers and halves); the default tolerances leave room for a student's other route
     assert loss.item() == pytest.approx(-(1.0 - 2.0) / 2) and clipfrac.item() == 0.0
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5], [1.0, 1.0]]) / 2)
@@ -193,12 +214,13 @@ def test_clipped_loss_ratio_is_one_on_the_first_epoch_and_clips_after():
     moved = (logp.detach() + torch.tensor([[0.5, 0.5], [0.0, 0.0]])).requires_grad_()
     loss, clipfrac = clipped_policy_loss(moved, logp.detach(), adv, mask)
     loss.backward()
-    assert clipfrac.item() == pytest.approx(0.5) and torch.equal(moved.grad[0], torch.zeros(2))
-    assert loss.item() == pytest.approx((-1.2 * 1.0 + 2.0) / 2)
+    assert clipfrac.item() == pytest.approx(0.5) and torch.equal(moved.grad[0], torch.zeros(2))  # 2 of 4: exact
+    assert loss.item() == pytest.approx((-1.2 * 1.0 + 2.0) / 2)  # float32: only 1.2 rounds (4e-8), the rest exact
     # a step that went too far the wrong way is not forgiven: ratio e^0.5 with A < 0 keeps the unclipped term
     # -ρA = 1.65·2 (the larger loss) and its gradient; ratio e^-0.5 with A > 0 keeps ρA = 0.61 likewise
     worse = (logp.detach() + torch.tensor([[-0.5, -0.5], [0.5, 0.5]])).requires_grad_()
     loss, clipfrac = clipped_policy_loss(worse, logp.detach(), adv, mask)
+    # float32: the log-ratios ±0.5 are exact, exp is within ~1 ulp (1.2e-7 at 1.65), 3 roundings: ≲ 5e-7 on 2.69
     assert loss.item() == pytest.approx((-math.exp(-0.5) * 1.0 + math.exp(0.5) * 2.0) / 2, rel=1e-6)
     assert clipfrac.item() == 0.0
 
@@ -208,7 +230,7 @@ def test_moving_average_baseline_uses_only_past_batches():
     assert torch.equal(b.advantages(torch.tensor([1.0, 3.0])), torch.tensor([1.0, 3.0]))  # no past: baseline 0
     assert b.value == 2.0
     assert torch.equal(b.advantages(torch.tensor([0.0, 4.0])), torch.tensor([-2.0, 2.0]))  # baseline 2, from before
-    assert b.value == pytest.approx(0.5 * 2.0 + 0.5 * 2.0)
+    assert b.value == 0.5 * 2.0 + 0.5 * 2.0  # exact: halves of means of small integers
 
 
 # ----------------------------------------------------------------------------- rollouts and the update on a tiny GPT
@@ -241,6 +263,9 @@ def test_rollout_masks_completions_and_scores_each_row_as_alone(tok):
         alone = torch.tensor([encode_chat(tok, ro.prompts[i])[0] + completion])  # the row without any padding
         with eval_mode(reference):
             expected = sequence_logprobs(reference, alone, temperature=0.7)[0, -len(completion):]  # as sampled
+        # float32, another batch shape (6 left-padded rows, 1 row alone): the forward's sums (≤ 128 terms, 300 in
+        # the softmax) add in other orders; log-probs of ~6 (ulp 4.8e-7) move by an ulp or two. atol 1e-5 is 20 ulp
+        # (allclose's rtol 1e-5 adds 6e-5)
         assert torch.allclose(ro.ref_logp[i][ro.mask[i].bool()], expected, atol=1e-5)
         assert (ro.ref_logp[i][~ro.mask[i].bool()] == 0).all()
 
@@ -268,7 +293,8 @@ def test_update_trains_the_policy_and_never_the_reference(tok, algo):
     assert all(torch.equal(a, b) for a, b in zip(ref_before, reference.parameters()))
     assert any(not torch.equal(a, b) for a, b in zip(pol_before, policy.parameters()))
     assert policy.training  # the update ran with dropout off and gave the mode back
-    assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-5)  # policy == reference when it sampled
+    # policy == reference when it sampled: the same weights, rows and shapes, so the same log-probs bit for bit
+    assert metrics["objective/kl"] == 0.0
     assert {"reward", "gold/reward", "objective/kl_k3", "objective/entropy", "completions/clipped_ratio",
             "frac_reward_zero_std"} <= set(metrics)
 
@@ -315,11 +341,13 @@ def test_kl_in_the_reward_is_subtracted_from_it(tok):
     kl = ((logp - ro.ref_logp) * ro.mask).sum(1)  # (B,) Σ_t k1 per completion
     cfg = PGConfig(algo="rloo", k=4, beta=1.0, kl_in="reward", max_new_tokens=6)
     metrics = pg_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), ro, cfg)
-    assert kl.mean().item() > 0.05 and metrics["objective/kl"] == pytest.approx(kl.mean().item(), rel=1e-4)
+    # exact: the update runs the same forward pass on the same rows (autograd on changes no kernel), and the same
+    # masked sum over the same (B, T-1) shape, in the same order
+    assert kl.mean().item() > 0.05 and metrics["objective/kl"] == kl.mean().item()
     score = ro.rewards - 1.0 * kl  # (B,) what the advantages are computed from
-    assert metrics["reward"] == pytest.approx(score.mean().item(), rel=1e-4, abs=1e-5)
-    assert metrics["reward_std"] == pytest.approx(score.std().item(), rel=1e-4)
-    assert metrics["proxy/reward"] == pytest.approx(ro.rewards.mean().item())
+    assert metrics["reward"] == score.mean().item()
+    assert metrics["reward_std"] == score.std().item()
+    assert metrics["proxy/reward"] == ro.rewards.mean().item()
 
 
 def test_grpo_kl_in_the_loss_pulls_the_policy_back_to_the_reference(tok):
@@ -339,7 +367,7 @@ def test_grpo_kl_in_the_loss_pulls_the_policy_back_to_the_reference(tok):
     cfg = PGConfig(algo="grpo", k=4, beta=0.5, kl_in="loss", inner_epochs=1, max_new_tokens=6)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.0)  # no decay: only a gradient moves it
     metrics = pg_update(policy, opt, ro, cfg)
-    assert metrics["objective/kl_k3"] == pytest.approx(before, rel=1e-4) and before > 0.1
+    assert metrics["objective/kl_k3"] == before and before > 0.1  # exact: k3() is the update's computation, as above
     assert metrics["train/grad_norm"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(weights, policy.parameters()))
     assert k3() < 0.9 * before
@@ -355,8 +383,9 @@ def test_the_update_scores_the_samples_at_their_temperature(tok):
     metrics = pg_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), ro,
                         PGConfig(algo="rloo", k=4, beta=0.1, max_new_tokens=6))
     assert ro.temperature == 0.7
-    assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-5)
-    assert metrics["objective/kl_k3"] == pytest.approx(0.0, abs=1e-5)
+    # exact: policy and reference are equal weights run on the same rows, so log π − log π_ref is 0 on every token
+    assert metrics["objective/kl"] == 0.0
+    assert metrics["objective/kl_k3"] == 0.0  # expm1(−0) + 0
 
 
 # ----------------------------------------------------------------------------- TRL's GRPO knobs:
@@ -376,12 +405,12 @@ def test_the_update_sums_by_its_loss_type_over_the_rows_the_filter_keeps(tok, lo
     policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 1)
     ro = two_prompts(tok, policy, reference, lambda p, c: [1.0 if i < 4 else float(i % 2) for i in range(len(c))])
     assert ro.rewards.tolist() == [1, 1, 1, 1, 0, 1, 0, 1] and ro.mask.shape[1] != 6  # T-1 columns, not max_new_tokens
-    with torch.no_grad(), eval_mode(policy):
-        logp = sequence_logprobs(policy, ro.sequences, ro.attention_mask, 0.7) * ro.mask  # (8, T-1)
     adv = rloo_advantages(ro.rewards, 4)  # β = 0: the rewards themselves; prompt 0's advantages are 0
 
     def by_hand(rows):
-        per_token, m = -adv[rows, None] * logp[rows] * ro.mask[rows], ro.mask[rows].float()  # (n, T-1)
+        with torch.no_grad(), eval_mode(policy):  # the rows the update keeps, as one batch: its own forward pass
+            logp = sequence_logprobs(policy, ro.sequences[rows], ro.attention_mask[rows], 0.7) * ro.mask[rows]
+        per_token, m = -adv[rows, None] * logp * ro.mask[rows], ro.mask[rows].float()  # (n, T-1)
         if loss_type == "grpo":  # each row's mean over its own tokens, then the mean over rows
             return (per_token.sum(1) / m.sum(1)).mean()
         if loss_type == "dr_grpo":  # each row's sum over max_new_tokens = 6, then the mean over rows
@@ -391,10 +420,11 @@ def test_the_update_sums_by_its_loss_type_over_the_rows_the_filter_keeps(tok, lo
     for filter_groups, rows in ((False, slice(0, 8)), (True, slice(4, 8))):
         cfg = PGConfig(algo="rloo", k=4, beta=0.0, max_new_tokens=6, loss_type=loss_type, filter_groups=filter_groups)
         metrics = pg_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), ro, cfg)
-        assert metrics["loss/policy"] == pytest.approx(by_hand(rows).item(), rel=1e-4, abs=1e-7), filter_groups
+        # exact: the same forward pass on the same rows, and the same products and sums over the same shapes
+        assert metrics["loss/policy"] == by_hand(rows).item(), filter_groups
         assert metrics["train/rows"] == (4 if filter_groups else 8) and metrics["train/skipped_step"] == 0
         # the logged metrics describe the whole batch, filtered rows included
-        assert metrics["frac_reward_zero_std"] == 0.5 and metrics["proxy/reward"] == pytest.approx(0.75)
+        assert metrics["frac_reward_zero_std"] == 0.5 and metrics["proxy/reward"] == 0.75  # 6/8: exact
 
 
 def test_filter_groups_skips_the_step_when_every_group_is_equal(tok):

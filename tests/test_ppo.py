@@ -39,6 +39,8 @@ RETURNS = [a + v for a, v in zip(ADVANTAGES, VALUES)]
 @pytest.mark.grades("ppo.compute_gae")
 def test_gae_by_hand():
     adv, ret = compute_gae(torch.tensor([REWARDS]), torch.tensor([VALUES]), torch.ones(1, 4), gamma=0.9, lam=0.8)
+    # float32 vs exact hand values: ≲ 20 ops on numbers ≤ 2.2, each rounding ≤ 1.3e-7 (≲ 3e-6); allclose's rtol 1e-5
+    # of values ≥ 0.7 adds ≥ 7e-6 to atol
     assert torch.allclose(adv, torch.tensor([ADVANTAGES]), atol=1e-6)
     assert torch.allclose(ret, torch.tensor([RETURNS]), atol=1e-6)
 
@@ -47,6 +49,7 @@ def test_gae_by_hand():
 def test_gae_limits_lambda_one_is_return_minus_value_and_zero_is_the_td_error():
     r, v, m = torch.tensor([REWARDS]), torch.tensor([VALUES]), torch.ones(1, 4)
     mc, _ = compute_gae(r, v, m, gamma=1.0, lam=1.0)
+    # both: float32, a few ops on numbers ≤ 3 (≲ 5e-7) against allclose's default rtol 1e-5 of values ≥ 0.12
     assert torch.allclose(mc, torch.tensor([[3.0 - 0.5, 2.0 - 0.4, 2.0 - 0.3, 2.0 - 0.2]]))  # reward-to-go − V
     td, _ = compute_gae(r, v, m, gamma=0.9, lam=0.0)
     assert torch.allclose(td, torch.tensor([[0.86, -0.13, -0.12, 1.8]]))
@@ -61,9 +64,11 @@ def test_gae_of_padded_rows_equals_each_row_alone():
     values = torch.tensor([[junk, junk] + VALUES, [0.1, 0.2, junk, junk, junk, junk], VALUES + [junk, junk]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]])
     adv, ret = compute_gae(rewards, values, mask, gamma=0.9, lam=0.8)
-    assert torch.allclose(adv[0, 2:], torch.tensor(ADVANTAGES), atol=1e-6)
+    assert torch.allclose(adv[0, 2:], torch.tensor(ADVANTAGES), atol=1e-6)  # as in test_gae_by_hand
     assert torch.allclose(adv[2, :4], torch.tensor(ADVANTAGES), atol=1e-6)
     alone, _ = compute_gae(torch.tensor([[0.5, 1.0]]), torch.tensor([[0.1, 0.2]]), torch.ones(1, 2), gamma=0.9, lam=0.8)
+    # the reference's elementwise ops give the same floats in a batch or alone; the default rtol 1e-5 leaves a
+    # student's batched form (a matrix product, a cumsum) its few ulps
     assert torch.allclose(adv[1, :2], alone[0])
     assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
 
@@ -75,11 +80,14 @@ def test_the_score_lands_on_the_last_real_token():
     logp = torch.full((2, 5), -1.0)
     ref_logp = torch.full((2, 5), -1.5)  # k1 = 0.5 on every token
     r = per_token_rewards(torch.tensor([2.0, -1.0]), logp, ref_logp, mask, kl_coef=0.1)
+    # float32, 2-3 ops on numbers ≤ 2 (≲ 3e-7) against allclose's default rtol 1e-5 of values ≥ 0.05
     assert torch.allclose(r, torch.tensor([[0, -0.05, -0.05, 2 - 0.05, 0], [-0.05, -1 - 0.05, 0, 0, 0]]))
 
 
 @pytest.mark.grades("ppo.clipped_value_loss")
 def test_clipped_value_loss_by_hand():
+    # pytest.approx's default rel 1e-6 here and below: inputs rounded to float32 (≤ 6e-8 relative), then ~6 float32
+    # ops (each ≤ 6e-8): ≲ 5e-7 relative; ½·1.5² = 1.125 and the gradient −1.5 are binary fractions, exact
     # inside the range: V = 1.1, V_old = 1.0, R = 2 -> both errors 0.81, loss ½·0.81, not clipped
     loss, frac = clipped_value_loss(torch.tensor([[1.1]]), torch.tensor([[1.0]]), torch.tensor([[2.0]]),
                                     torch.ones(1, 1))
@@ -105,19 +113,22 @@ def test_the_value_loss_is_a_mean_over_the_real_tokens():
     values, old = torch.tensor([[1.1, 1.5, 7.0]]), torch.tensor([[1.0, 1.5, 0.0]])
     returns, mask = torch.tensor([[2.0, 2.0, 0.0]]), torch.tensor([[1, 1, 0]])
     loss, frac = clipped_value_loss(values, old, returns, mask)
-    assert loss.item() == pytest.approx(0.265) and frac.item() == 0.0
+    assert loss.item() == pytest.approx(0.265) and frac.item() == 0.0  # default rel 1e-6: as in the test above
 
 
 def test_explained_variance():
     returns, mask = torch.tensor([[1.0, 2.0, 3.0, 99.0]]), torch.tensor([[1, 1, 1, 0]])
-    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
-    assert explained_variance(torch.full((1, 4), 2.0), returns, mask) == pytest.approx(0.0)  # the mean return
-    assert explained_variance(torch.tensor([[3.0, 2.0, 1.0, 0.0]]), returns, mask) == pytest.approx(-3.0)
+    # exact: sums of small integers, and variances 2/3 and 8/3 that round alike (a power of 2 apart): ratios 0, 1, 4
+    assert explained_variance(returns, returns, mask) == 1.0
+    assert explained_variance(torch.full((1, 4), 2.0), returns, mask) == 0.0  # the mean return
+    assert explained_variance(torch.tensor([[3.0, 2.0, 1.0, 0.0]]), returns, mask) == -3.0
 
 
 @pytest.mark.grades("ppo.AdaptiveKLController.update")
 def test_adaptive_kl_controller_follows_the_formula():
     kl = AdaptiveKLController(0.1, target=6.0, horizon=10_000)
+    # float64, a few ops on each side (~1e-16 relative); the default rel 1e-6 lets a correct formula in another order
+    # pass, and every catalogued bug moves the value by ≥ 5e-3 relative
     kl.update(9.0, n_steps=256)  # 9/6 − 1 = 0.5, clipped to 0.2: × (1 + 0.2 · 256 / 10,000)
     assert kl.value == pytest.approx(0.1 * 1.00512)
     kl.update(3.0, n_steps=256)  # 3/6 − 1 = −0.5, clipped to −0.2
@@ -173,11 +184,15 @@ def test_logprobs_and_values_line_up_with_the_actions(tok, shared):
     ro = tiny_rollout(tok, policy, gpt)
     logp, values, entropy = logprobs_and_values(policy, critic, ro.sequences, ro.attention_mask, 0.9)
     expected = sequence_logprobs(gpt, ro.sequences, ro.attention_mask, 0.9)
-    assert torch.allclose(logp * ro.mask, expected * ro.mask, atol=1e-6)
+    # the same forward pass on the same rows (lm_head(trunk), the prompts' lengths differ so the mask is passed
+    # both times) and the same float32 ops after it: equal bit for bit
+    assert torch.equal(logp * ro.mask, expected * ro.mask)
     all_values = (policy(ro.sequences, ro.attention_mask)[1] if shared
                   else critic(ro.sequences, ro.attention_mask, per_token=True))
-    assert torch.allclose(values, all_values[:, :-1], atol=1e-6)
+    assert torch.equal(values, all_values[:, :-1])
     p = torch.softmax(gpt(ro.sequences, ro.attention_mask)[:, :-1] / 0.9, -1)
+    # two formulas of H, each a float32 sum over V = 300 terms of total size ≲ 7 (H ≤ log 300 ≈ 5.7, Σ p|z| ≲ 1):
+    # ≤ 300·6e-8·7 ≈ 1e-4 apart in the worst order (~1e-6 seen)
     assert torch.allclose(entropy, -(p * p.log()).sum(-1), atol=1e-4)
 
 
@@ -196,8 +211,11 @@ def test_ppo_step_trains_policy_and_critic_never_the_reference_and_starts_at_rat
     metrics = ppo_step(policy, critic, opt, ro, kl_ctl, PPOConfig(epochs=2, minibatches=2),
                        torch.Generator().manual_seed(0))
     assert metrics["policy/first_ratio_error"] == 0.0  # the first minibatch sees exactly the policy that sampled
-    assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-5)  # policy == reference when it sampled
-    assert kl_ctl.value == pytest.approx(0.1 * (1 - 0.2 * 8 / 100))  # KL 0 < target: the coefficient falls
+    # policy == reference when it sampled, but the rollout scored its 8 rows at once and ppo_step 4 shuffled rows at a
+    # time: each token's log-prob may differ in its last bits (a few ulp of |logp| ≲ 6, ≲ 1.5e-6), ≤ 6 tokens a row
+    assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-5)
+    # KL ≈ 0 < target: the coefficient falls; float64, its error clipped to −0.2 exactly (default rel 1e-6)
+    assert kl_ctl.value == pytest.approx(0.1 * (1 - 0.2 * 8 / 100))
     assert all(p.grad is None for p in reference.parameters())
     assert all(torch.equal(a, b) for a, b in zip(ref_before, reference.parameters()))
     assert any(not torch.equal(a, b) for a, b in zip(pol_before, gpt.parameters()))
@@ -216,6 +234,8 @@ def test_the_kl_penalty_enters_the_reward_with_its_sign(tok):
     critic = RewardModel(tiny_gpt(tok, 2))
     opt = make_optimizer(policy, critic, lr=1e-3, critic_lr=1e-3)
     metrics = ppo_step(policy, critic, opt, ro, FixedKLController(0.5), PPOConfig())
+    # the same log-probs from batches of another size (all rows here, minibatches there): a few ulp of |logp| ≲ 6 per
+    # token (≲ 1.5e-6), ≤ 6 tokens a row: ≲ 1e-5, ≤ 1e-4 relative of a KL ≥ 0.1 and of a reward ~1
     assert kl.mean().item() > 0.1 and metrics["objective/kl"] == pytest.approx(kl.mean().item(), rel=1e-4)
     assert metrics["objective/rlhf_reward"] == pytest.approx((ro.rewards - 0.5 * kl).mean().item(), rel=1e-4)
 
@@ -279,10 +299,13 @@ def test_the_entropy_bonus_sends_a_gradient_to_the_policy(tok):
     policy.zero_grad(set_to_none=True)
     p = torch.softmax(policy(ids)[:, :-1] / 0.9, -1)
     (-(p * p.log()).sum()).backward()
+    # two formulas of H and their backward passes: float32 sums over V = 300 and the model's matrices of terms
+    # ≲ 0.1 (≤ 300·6e-8·0.1·a few ≈ 1e-5 worst; ~4e-7 seen); rtol 1e-3 for the largest gradients
     for g, q in zip(got, policy.parameters()):
         torch.testing.assert_close(g, q.grad, atol=1e-5, rtol=1e-3)
     _, _, diagnostic = logprobs_and_values(policy, critic, ids, torch.ones_like(ids), 0.9)
-    assert not diagnostic.requires_grad and torch.allclose(diagnostic, entropy.detach())
+    # the same forward and the same formula (entropy_grad only detaches the logits): equal bit for bit
+    assert not diagnostic.requires_grad and torch.equal(diagnostic, entropy.detach())
 
 
 def test_advantages_are_whitened_over_the_completion_tokens_only(tok):
@@ -310,5 +333,9 @@ def test_advantages_are_whitened_over_the_completion_tokens_only(tok):
         losses.append((metrics["loss/policy"], metrics["loss/value"], metrics["objective/rlhf_reward"]))
     (pg, vf, reward), (pg_padded, vf_padded, reward_padded) = losses
     assert abs(pg) > 1e-3  # not 0 by construction: minibatches of a batch whitened as a whole
+    # the same numbers in sums over 2 more (zero) columns, then 4 AdamW steps at lr 1e-3. pg: last bits of whitened
+    # advantages ~1 over ~50 tokens (≲ 50·6e-8 each), and Adam moves a weight by ≤ lr·Δg/eps (~1e-5 for Δg ~ 1e-10):
+    # ≲ 1e-6. The value loss ½(V − R)² ≈ 11 with |V| ~ 10: a few ulp (1e-6) of V − R ≈ 5 move it ≲ 2e-5, so rel.
+    # The reward, score − 0.1·Σ k1 over ≤ 6 tokens of a few ulp each: ≲ 1e-6
     assert pg_padded == pytest.approx(pg, abs=1e-5)
-    assert vf_padded == pytest.approx(vf, abs=1e-5) and reward_padded == pytest.approx(reward, abs=1e-5)
+    assert vf_padded == pytest.approx(vf, rel=1e-5) and reward_padded == pytest.approx(reward, abs=1e-5)
