@@ -86,10 +86,10 @@ def write_summary(folder: str | os.PathLike, summary: dict, quick: bool) -> Path
 
 
 def same_cpu_mode(summary: dict | None) -> bool:
-    """Whether a finished run (its summary) was computed in the CPU mode this process runs, reproducible or fast
-    (`reproducible.record()`): a course run keeps a finished run only then, since the other mode makes another
-    chain."""
-    return bool(summary) and summary.get("cpu", {}).get("reproducible") == reproducible.reproducible()
+    """Whether a finished run (its summary) was computed in the CPU mode this process runs, reproducible or not
+    (`reproducible.record()`; a run from before the mode was not): a course run keeps a finished run only then,
+    since the other mode makes another chain."""
+    return bool(summary) and summary.get("cpu", {}).get("reproducible", False) == reproducible.reproducible()
 
 
 def start_run(folder: str | os.PathLike, fresh: tuple[str, ...] = ()) -> Path:
@@ -138,7 +138,8 @@ def prerequisite(stage: str, quick: bool | None = None, build: bool = True, quie
     """The finished run of an earlier chapter that a later one starts from: `runs/<stage>` (quick mode:
     `runs/quick/<stage>`). When it is missing and `build`, the chapter that makes it runs now with its real
     defaults (quick mode: as a smoke run, under runs/quick/), saying so and how long it takes; when not
-    `build`, a PrerequisiteError gives the exact command to run."""
+    `build`, a PrerequisiteError gives the exact command to run. A finished run made in another CPU mode is used,
+    with a note that says so."""
     quick = quick_mode() if quick is None else quick
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}: choose one of {', '.join(STAGES)}")
@@ -146,6 +147,10 @@ def prerequisite(stage: str, quick: bool | None = None, build: bool = True, quie
     command = chapter_command(stage, quick)
     if finished_run(folder) is not None:
         require_real(folder, quick)
+        if not same_cpu_mode(finished_run(folder)):  # usable, but another chain: say so (run_all.py rebuilds it)
+            print(f"note: {shown(folder)} was made in another CPU mode than this one ({reproducible.describe()}); "
+                  "what builds on it is another chain than the course's (`python chapters/run_all.py` remakes it)",
+                  flush=True)
         return folder
     if not build:
         raise PrerequisiteError(f"no finished {stage} run in {folder}: make it first with `{command}`")

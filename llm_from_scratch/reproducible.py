@@ -6,7 +6,8 @@ things choose the order in which PyTorch adds:
 
 * **ATen's kernel level** (`ATEN_CPU_CAPABILITY`): PyTorch compiles its vectorised kernels (softmax, layer norm, GELU,
   reductions, AdamW's arithmetic) for several instruction sets and runs the widest the CPU has: AVX-512 adds 16 floats
-  at a time, AVX2 8. The course pins `avx2`, which every x86-64 CPU of the last decade has.
+  at a time, AVX2 8. The course pins `avx2`, which every Intel Core since 2013 and every AMD CPU since 2015 has
+  (some low-end Pentium, Celeron and Atom chips lack it: they are not pinned, and say so).
 * **the BLAS's code path** (`MKL_CBWR`): Intel's MKL, which does PyTorch's matrix products on x86, picks its kernels
   by CPU model and vendor. Its conditional-numerical-reproducibility branches AVX2 and AVX-512 run only on Intel
   CPUs (on AMD, MKL runs AUTO whatever is asked), and AUTO differs between vendors. COMPATIBLE (SSE2 without the
@@ -56,7 +57,8 @@ def fast_requested(argv: list[str] | None = None) -> bool:
 
 
 def course_threads() -> int:
-    """The intra-op threads of one process: the course's 2 per machine, shared between torchrun's local processes."""
+    """The intra-op threads of one process: the course's 2 per machine, shared between torchrun's local processes
+    (at least 1 each: 3 or more processes on a machine use 1 thread each)."""
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     return max(1, COURSE_THREADS // local_processes)
 
@@ -115,12 +117,15 @@ def blas_branch() -> str | None:
 
     if not torch.backends.mkl.is_available():
         return None
-    try:
-        import ctypes
+    import ctypes
 
-        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-        code = lib.mkl_serv_cbwr_get(1)  # MKL_CBWR_BRANCH
-    except (OSError, AttributeError):  # another platform's library name, or a build that hides MKL's symbols
+    for name in ("libtorch_cpu.so", "torch_cpu.dll", "libtorch_cpu.dylib"):  # Linux, Windows, an Intel Mac
+        try:
+            code = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / name)).mkl_serv_cbwr_get(1)  # MKL_CBWR_BRANCH
+            break
+        except (OSError, AttributeError):  # not this platform's library, or a build that hides MKL's symbols
+            continue
+    else:
         return None
     return MKL_BRANCHES.get(code, f"branch {code}")
 

@@ -10,7 +10,8 @@ from llm_from_scratch import reproducible  # noqa: E402
 
 # The suite computes in the course's reproducible CPU mode (2 threads, ATen's AVX2 kernels, MKL's COMPATIBLE branch),
 # set here before any test imports torch: the same float32 sums on every x86-64 CPU with AVX2, so a test's numbers do
-# not depend on the machine CI lands on; the processes the tests start inherit it (LLMFS_FAST=1 runs the suite fast).
+# not depend on the machine CI lands on. The processes the tests start inherit its kernel level and MKL branch (the
+# chapter scripts and notebooks apply all of it again, threads included); LLMFS_FAST=1 runs the suite fast.
 CPU_MODE = reproducible.apply()
 
 

@@ -68,6 +68,8 @@ def pinned():
 
 def test_this_suite_runs_in_the_reproducible_mode():
     """conftest.py applied it: the numbers every other test checks are the same on any x86-64 CPU with AVX2."""
+    if reproducible.fast_requested():
+        pytest.skip("LLMFS_FAST=1: the suite runs in the fast mode, as asked")
     if not reproducible.on_x86_with_avx2():
         assert not reproducible.reproducible() and "not reproducible here" in reproducible.describe()
         return
@@ -104,6 +106,7 @@ def test_each_pin_reaches_the_numbers(pinned):
     assert pinned["one_thread"] != pinned["digest"] and kernels["digest"] != pinned["digest"]
 
 
+@needs_avx2
 def test_a_setting_that_did_not_take_is_refused():
     """torch chose its kernels before apply() (an operation ran first): apply() says so instead of claiming the mode,
     and names what to do."""
