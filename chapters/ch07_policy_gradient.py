@@ -14,8 +14,10 @@ the policy (model.safetensors, config.json, the tokenizer), metrics.jsonl (rewar
 objective/kl and kl_k3, objective/entropy, completions/*, and the step time split into generate, reference, reward
 (scoring) and update; for stories the shares of samples without the asked name or object; at each evaluation
 eval/greedy/* and, with --eval-samples, eval/sampled/*: llm_from_scratch/evaluation.py), rollout_samples.jsonl (at each
-evaluation, the samples the trained reward liked best), eval.json (for word problems also the SFT model's pass@k and
-McNemar's exact test of the greedy answers before and after), samples.md, curves.png, report.md and summary.json. An
+evaluation, the samples the trained reward liked best), eval.json (for word problems also pass@k before and after on
+the same problems and draws, the kinds of wrong greedy answers before and after: slip, strategy, events, malformed,
+tasks.classify_word_problem, and McNemar's exact test of the greedy answers), samples.md, curves.png, pass_at_k.png,
+report.md and summary.json. An
 interrupted run resumes from its last evaluation (--no-resume starts over), and a finished run of the same flags is
 kept.
 
@@ -35,6 +37,7 @@ the algorithm's own loss, no filter, lr 2e-5.
     python chapters/ch07_policy_gradient.py --algo grpo
     python chapters/ch07_policy_gradient.py --task stories --beta 0 # against the reward model, no KL
     python chapters/ch07_policy_gradient.py --loss-type own --no-filter-groups  # RLOO's own loss, no filter
+    python chapters/ch07_policy_gradient.py --ptx-coef 1            # PPO-ptx: the SFT loss mixed into each update
     python chapters/ch07_policy_gradient.py --quick                 # a smoke run (also LLMFS_QUICK=1)
     python chapters/ch07_policy_gradient.py --async                 # sample step t+1 while step t updates (appendix B)
     torchrun --standalone --nproc_per_node=2 chapters/ch07_policy_gradient.py   # 2 processes share each step's prompts
@@ -96,7 +99,7 @@ TASK_DEFAULTS = {"word-problems": {"lr": 5e-5, "loss_type": "dapo", "filter_grou
 
 
 @dataclass(frozen=True)
-class Config(common.CommonFlags, common.LoRAFlags, common.AsyncFlags):
+class Config(common.CommonFlags, common.LoRAFlags, common.AsyncFlags, common.PTXFlags):
     """Every flag, after the task's recipe and quick mode filled in the defaults: parsed once, never changed."""
     algo: str = "rloo"
     task: str = "word-problems"
@@ -179,6 +182,7 @@ def parse_args(argv=None) -> Config:
                          "runs/pg_<task>_<algo>_seeds/, and print the spread")
     cli.add_lora_args(ap)
     cli.add_async_args(ap)
+    cli.add_ptx_args(ap)
     cli.add_common_args(ap, "pg_<task>_<algo>")
     cli.add_prerequisite_arg(ap)
     a = vars(ap.parse_args(argv))
@@ -186,6 +190,7 @@ def parse_args(argv=None) -> Config:
     a["reward"] = a["reward"] or ("gold" if a["task"] == "word-problems" else "rm")
     cli.check_lora_args(ap, a, TASK_DEFAULTS[a["task"]]["lr"])
     cli.check_async_args(ap, a)
+    cli.check_ptx_args(ap, a)
     for name, value in TASK_DEFAULTS[a["task"]].items():  # the task's recipe where the command line is silent
         a[name] = value if a[name] is None else a[name]
     a["loss_type"] = None if a["loss_type"] == "own" else a["loss_type"]
@@ -223,14 +228,15 @@ def run_name(cfg: Config) -> str:
             + (f"_{cfg.loss_type or 'own'}" if cfg.loss_type != recipe["loss_type"] else "")
             + (("_filter" if cfg.filter_groups else "_nofilter") if cfg.filter_groups != recipe["filter_groups"]
                else "")
-            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else "") + ("_async" if cfg.async_rollouts else ""))
+            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else "") + ("_async" if cfg.async_rollouts else "")
+            + (f"_ptx{cfg.ptx_coef:g}" if cfg.ptx_coef else ""))
 
 
 def pg_config(cfg: Config) -> PGConfig:
     """The update's settings (eval.json records them under "config")."""
     return PGConfig(algo=cfg.algo, k=cfg.k, beta=cfg.beta, kl_in=cfg.kl_in, inner_epochs=cfg.inner_epochs,
                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, loss_type=cfg.loss_type,
-                    filter_groups=cfg.filter_groups, is_cap=cfg.is_cap)
+                    filter_groups=cfg.filter_groups, is_cap=cfg.is_cap, ptx_coef=cfg.ptx_coef)
 
 
 def score_name(task: str) -> str:
@@ -283,6 +289,7 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     params = trainable_parameters(policy)  # fused AdamW on a CUDA GPU (train.fused_if_cuda), as it was elsewhere
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0, **fused_if_cuda(params))
     baseline = MovingAverageBaseline()
+    ptx = common.ptx_batches(cfg, cfg.quick, tok, policy.config.context_length, seed, device)  # PPO-ptx: SFT batches
     print(f"{cfg.algo} on {cfg.task} ({len(data.train_prompts):,} training prompts, {len(data.held_out)} held out), "
           f"reward: {'gold' if cfg.reward == 'gold' else 'the reward model'}; {cfg.prompts} prompts x {cfg.k} samples "
           f"per step, β = {cfg.beta} (KL in the {cfg.kl_in}), lr {cfg.lr}, {cfg.steps} steps; the per-token loss "
@@ -305,6 +312,8 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
     weights = common.last_weights(policy)  # what out/last/ holds, for resuming
     state = common.resume(run, cfg, weights, optimizer, logs=("metrics.jsonl", "rollout_samples.jsonl"))
     start, before = (state["step"], json.loads(state["before"])) if state else (0, None)
+    if before and "pass_at_k" in before:  # JSON made its keys strings
+        before["pass_at_k"] = {int(k): v for k, v in before["pass_at_k"].items()}
     baseline.value = state["baseline"] if state else baseline.value
     rank0, W = distributed.is_main(), distributed.world_size()
     forward = distributed.wrap(policy)  # DDP under torchrun: the update's gradients averaged over the ranks
@@ -348,9 +357,10 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
                 if step + 1 < cfg.steps:
                     worker.submit(policy, prompts_of(step + 1))
             t1 = time.perf_counter()
-            metrics = pg_update(forward, optimizer, ro, update_cfg, baseline)  # every rank's batch: the same numbers
+            metrics = pg_update(forward, optimizer, ro, update_cfg, baseline,  # every rank's batch: the same numbers
+                                ptx(step) if ptx else None)
             t2 = time.perf_counter()
-            common.require_finite_metrics(metrics, ("loss/policy",), step + 1, out)
+            common.require_finite_metrics(metrics, ("loss/policy", "loss/ptx"), step + 1, out)
             if cfg.task == "stories":
                 parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
                 metrics.update(common.shared_shares(parts, len(ro.prompts)))
@@ -373,6 +383,8 @@ def pg_run(cfg: Config, run: common.Run) -> dict:
         return distributed.broadcast_object(None)
 
     after = evaluate()
+    if cfg.task == "word-problems" and cfg.pass_at_k:  # the same problems and draws as before: does RL narrow pass@k?
+        after["pass_at_k"] = sampled_pass_at_k(policy, tok, data.held_out, cfg.pass_at_k, cfg.temperature, seed)
     common.save_policy(policy, out)  # a LoRA policy with its adapters folded in
     tok.save(out)
     held = {**common.policy_held(cfg, policy, reference), **({"reward model": rm} if rm is not None else {})}
@@ -404,6 +416,13 @@ def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: flo
         mcnemar = mcnemar_exact(before["gold_each"], after["gold_each"])
         print(f"McNemar's exact test on the {len(before['gold_each'])} held-out problems: {mcnemar['b']} right before "
               f"and wrong after, {mcnemar['c']} wrong before and right after, p = {mcnemar['p_value']:.2g}")
+    if "errors" in before and "errors" in after:  # what kind of mistakes RL removed (tasks.classify_word_problem)
+        print("wrong answers, share of the held-out problems before -> after: " + ", ".join(
+            f"{kind} {before['errors'][kind]:.1%} -> {after['errors'][kind]:.1%}" for kind in before["errors"]))
+    if "pass_at_k" in before and "pass_at_k" in after:
+        pass_at_k_figure(out, before["pass_at_k"], after["pass_at_k"], cfg.temperature)
+        print(f"pass@k over {cfg.pass_at_k} samples at T = {cfg.temperature}, before -> after: " + ", ".join(
+            f"@{k} {before['pass_at_k'][k]:.3f} -> {after['pass_at_k'][k]:.3f}" for k in before["pass_at_k"]))
     result = {"algo": cfg.algo, "task": cfg.task, "reward": cfg.reward, "mcnemar": mcnemar,
               "before": {k: v for k, v in before.items() if k != "samples"},
               "after": {k: v for k, v in after.items() if k != "samples"}, "kl": kl, "kl_k3": kl3, "steps": cfg.steps,
@@ -420,21 +439,35 @@ def report(cfg: Config, run: common.Run, before: dict, after: dict, seconds: flo
     headline = (f"{cfg.steps} steps ({cfg.prompts} prompts x {cfg.k} samples) in {seconds / 60:.1f} min on "
                 f"{run.device}; reward: {cfg.reward}; β = {cfg.beta}. Held-out {name} **{before['gold']:.3f} → "
                 f"{after['gold']:.3f}** at a KL of {kl:.3f} nats per sequence.")
+    anatomy = []
+    if "errors" in before and "errors" in after:
+        anatomy += ["| wrong answers (share of the held-out problems) | before | after |", "|---|---:|---:|"]
+        anatomy += [f"| {kind} | {before['errors'][kind]:.1%} | {after['errors'][kind]:.1%} |"
+                    for kind in before["errors"]]
+        anatomy.append("")
+    if "pass_at_k" in before and "pass_at_k" in after:
+        anatomy += [f"pass@k over {cfg.pass_at_k} samples per problem at T = {cfg.temperature}, before → after: "
+                    + ", ".join(f"@{k} {before['pass_at_k'][k]:.3f} → {after['pass_at_k'][k]:.3f}"
+                                for k in before["pass_at_k"]), "", f"![pass@k]({out.name}/pass_at_k.png)", ""]
     atomic_write_text(out / "report.md", "\n".join([f"## Chapter 7: {cfg.algo} on {cfg.task}", "", headline, "",
-                                                    f"![curves]({out.name}/curves.png)", "", "\n".join(samples), ""]))
+                                                    f"![curves]({out.name}/curves.png)", "", *anatomy,
+                                                    "\n".join(samples), ""]))
     write_summary(out, {k: v for k, v in result.items() if k not in ("config", "flags", "origin")}, cfg.quick)
     return result
 
 
 def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = None) -> None:
-    """The sampled rewards and the held-out score; the KL (k1 and k3); for stories, the gold parts the reward model
-    cannot see."""
+    """The sampled rewards (and their moving average over 10 steps) and the held-out score; the KL (k1 and k3); for
+    stories the gold parts the reward model cannot see, for word problems the kinds of wrong greedy answers."""
     train = [r for r in records if "reward" in r]
     steps = [r["step"] for r in train]
     evals = [r for r in records if greedy_key(task) in r]
-    fig, axes = plt.subplots(1, 3 if task == "stories" else 2, figsize=(15 if task == "stories" else 10, 3.5))
-    a1, a2 = axes[:2]
-    a1.plot(steps, [r["proxy/reward"] for r in train], alpha=0.6, label="sampled: trained reward")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.5))
+    a1, a2, a3 = axes
+    trained = [r["proxy/reward"] for r in train]
+    a1.plot(steps, trained, alpha=0.3, label="sampled: trained reward")
+    window = [sum(trained[max(0, i - 9):i + 1]) / len(trained[max(0, i - 9):i + 1]) for i in range(len(trained))]
+    a1.plot(steps, window, color="C0", label="sampled: trained reward, mean of the last 10 steps")
     if task == "stories":
         a1.plot(steps, [r["gold/reward"] for r in train], alpha=0.6, label="sampled: gold reward")
     a1.plot([r["step"] for r in evals], [r[greedy_key(task)] for r in evals], marker="o",
@@ -450,12 +483,32 @@ def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = Non
     if task == "stories":  # the two parts of the gold reward that the reward model cannot see
         for key, label in (("gold/wrong_name", "without the asked name"),
                            ("gold/wrong_object", "without the asked object")):
-            axes[2].plot(steps, [r[key] for r in train], alpha=0.7, label=label)
-        axes[2].set(xlabel="step", ylabel="share of sampled stories")
+            a3.plot(steps, [r[key] for r in train], alpha=0.7, label=label)
+        a3.set(xlabel="step", ylabel="share of sampled stories")
+    else:  # what kind of mistake each wrong greedy answer is (tasks.classify_word_problem)
+        for kind in ("strategy", "slip", "events", "malformed"):
+            key = f"eval/greedy/errors/{kind}"
+            a3.plot([r["step"] for r in evals if key in r], [r[key] for r in evals if key in r], marker="o",
+                    label=kind)
+        a3.set(xlabel="step", ylabel="share of held-out problems", title="wrong greedy answers, by kind")
     for a in axes:
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
     save(fig, out / "curves.png")
+
+
+def pass_at_k_figure(out: Path, before: dict, after: dict, temperature: float) -> None:
+    """pass@k against k before and after RL, on the same held-out problems and draws."""
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for name, values in (("SFT model", before), ("after RL", after)):
+        ks = sorted(int(k) for k in values)
+        ax.plot(ks, [values.get(k, values.get(str(k))) for k in ks], marker="o", label=name)
+    ax.set(xscale="log", xlabel="k (samples per problem)", ylabel="pass@k",
+           title=f"held-out word problems, T = {temperature}")
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, out / "pass_at_k.png")
 
 
 def main(argv=None) -> dict:

@@ -32,6 +32,7 @@ holds), samples.md, curves.png, report.md and summary.json. An interrupted run r
     python chapters/ch08_ppo.py --critic shared
     python chapters/ch08_ppo.py --kl-ctl fixed --kl-coef 0   # no KL penalty: watch the gold reward
     python chapters/ch08_ppo.py --task word-problems
+    python chapters/ch08_ppo.py --ptx-coef 1             # PPO-ptx: the SFT loss in every update (the alignment tax)
     python chapters/ch08_ppo.py --quick                  # a smoke run (also LLMFS_QUICK=1)
     python chapters/ch08_ppo.py --async                  # sample step t+1 while step t updates (appendix B)
     torchrun --standalone --nproc_per_node=2 chapters/ch08_ppo.py   # 2 processes share each step's prompts
@@ -81,7 +82,7 @@ ASYNC_STREAM = 1_000_003  # --async: the worker's sampling stream is seeded apar
 
 
 @dataclass(frozen=True)
-class Config(common.CommonFlags, common.LoRAFlags, common.AsyncFlags):
+class Config(common.CommonFlags, common.LoRAFlags, common.AsyncFlags, common.PTXFlags):
     """Every flag, after the task's defaults and quick mode filled them in: parsed once, never changed."""
     task: str = "stories"
     reward: str = "rm"  # what the policy is trained on: "rm" (chapter 6's reward model) or "gold"
@@ -169,11 +170,13 @@ def parse_args(argv=None) -> Config:
                     help="run seeds 0..N-1, seed k from chapter 5's runs/sft_seeds/seed<k>, and print the spread")
     cli.add_lora_args(ap)
     cli.add_async_args(ap)
-    cli.add_common_args(ap, "ppo_<task>[_shared][_fixed<coef>][_lora<R>][_async]")
+    cli.add_ptx_args(ap)
+    cli.add_common_args(ap, "ppo_<task>[_shared][_fixed<coef>][_lora<R>][_async][_ptx<γ>]")
     cli.add_prerequisite_arg(ap)
     a = vars(ap.parse_args(argv))
     cli.check_lora_args(ap, a, 5e-5)
     cli.check_async_args(ap, a)
+    cli.check_ptx_args(ap, a)
     a["quick"] = a["quick"] or quick_mode()
     a["reward"] = a["reward"] or ("gold" if a["task"] == "word-problems" else "rm")
     a["temperature"] = a["temperature"] or (0.7 if a["task"] == "word-problems" else 1.0)
@@ -203,7 +206,8 @@ def parse_args(argv=None) -> Config:
 def run_name(cfg: Config) -> str:
     return (f"ppo_{cfg.task}" + ("_shared" if cfg.critic == "shared" else "")
             + (f"_fixed{cfg.kl_coef:g}" if cfg.kl_ctl == "fixed" else "")
-            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else "") + ("_async" if cfg.async_rollouts else ""))
+            + (f"_lora{cfg.lora_rank}" if cfg.lora_rank else "") + ("_async" if cfg.async_rollouts else "")
+            + (f"_ptx{cfg.ptx_coef:g}" if cfg.ptx_coef else ""))
 
 
 def eval_key(task: str) -> str:
@@ -260,7 +264,8 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
     train_fn = data.gold_fn if cfg.reward == "gold" else rm_fn
     ppo_cfg = PPOConfig(epochs=cfg.epochs, minibatches=cfg.minibatches, clip_eps=cfg.clip_eps,
                         clip_value=cfg.clip_value, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, gamma=cfg.gamma,
-                        lam=cfg.lam, whiten_rewards=cfg.whiten_rewards, is_cap=cfg.is_cap)
+                        lam=cfg.lam, whiten_rewards=cfg.whiten_rewards, is_cap=cfg.is_cap, ptx_coef=cfg.ptx_coef)
+    ptx = common.ptx_batches(cfg, cfg.quick, tok, gpt.config.context_length, seed, device)  # PPO-ptx's SFT batches
     kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_ctl == "adaptive"
               else FixedKLController(cfg.kl_coef))
     optimizer = make_optimizer(policy, critic, cfg.lr, cfg.critic_lr)
@@ -332,9 +337,10 @@ def ppo_run(cfg: Config, run: common.Run) -> dict:
                 if step + 1 < cfg.steps:
                     worker.submit(sampler, prompts_of(step + 1))
             t1 = time.perf_counter()
-            metrics = ppo_step(forward, forward_critic, optimizer, ro, kl_ctl, ppo_cfg, generator)  # every rank's
+            metrics = ppo_step(forward, forward_critic, optimizer, ro, kl_ctl, ppo_cfg, generator,  # every rank's
+                               ptx(step) if ptx else None)
             t2 = time.perf_counter()
-            common.require_finite_metrics(metrics, ("loss/policy", "loss/value"), step + 1, out)
+            common.require_finite_metrics(metrics, ("loss/policy", "loss/value", "loss/ptx"), step + 1, out)
             if cfg.task == "stories":
                 parts = common.story_parts([data.by_prompt[p]["spec"] for p in ro.prompts], ro.completions)
                 metrics.update(common.shared_shares(parts, len(ro.prompts)))

@@ -127,6 +127,27 @@ def check_async_args(ap: argparse.ArgumentParser, a: dict) -> None:
         ap.error("--rollout-threads must be ≥ 0 (0: half of the CPU threads)")
 
 
+def add_ptx_args(ap: argparse.ArgumentParser) -> None:
+    """--ptx-coef, --ptx-batch-size (chapters 7 and 8): PPO-ptx, the SFT loss mixed into every RL update."""
+    ap.add_argument("--ptx-coef", type=finite_float, default=0.0, metavar="γ",
+                    help="PPO-ptx (InstructGPT): every update also minimises γ × the SFT loss of a batch of "
+                         "chapter 5's training demonstrations, so that RL on one task does not cost the others "
+                         "(the alignment tax); the run goes to <name>_ptx<γ> (default 0: off). The mix holds the "
+                         "word-problem demonstrations too, wrong strategies included (data/README.md): on chapter 7's "
+                         "word problems it pulls back toward what RL removes")
+    ap.add_argument("--ptx-batch-size", type=int, default=16, metavar="N",
+                    help="with --ptx-coef: demonstrations per batch, one batch per step (default 16)")
+
+
+def check_ptx_args(ap: argparse.ArgumentParser, a: dict) -> None:
+    if a["ptx_coef"] < 0:
+        ap.error(f"--ptx-coef must be ≥ 0, got {a['ptx_coef']}")
+    if a["ptx_batch_size"] < 1:
+        ap.error("--ptx-batch-size must be ≥ 1")
+    if a["ptx_coef"] and os.environ.get("WORLD_SIZE", "1") != "1":
+        ap.error("--ptx-coef runs in one process: leave out torchrun")
+
+
 def add_prerequisite_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-build", action="store_true",
                     help="when an earlier chapter's run is missing, stop and print the command that makes it "

@@ -53,6 +53,7 @@ from llm_from_scratch.course import (
     write_summary,
 )
 from llm_from_scratch.data import tinyworld_dir
+from llm_from_scratch.sft import SFTBatches
 from llm_from_scratch.train import load_gpt, require_finite, save_gpt
 
 # ----------------------------------------------------------------------------- the RL tasks
@@ -82,6 +83,18 @@ def task_data(name: str, quick: bool, eval_examples: int) -> TaskData:
         return [gold_rewards.gold_reward(by_prompt[p], c) for p, c in zip(prompts, completions)]
 
     return TaskData(train_prompts, held_out, by_prompt, gold_fn)
+
+
+def ptx_batches(cfg, quick: bool, tok, context_length: int, seed: int, device):
+    """PPO-ptx's data (cfg.ptx_coef > 0; else None): step -> one batch (x, y) of cfg.ptx_batch_size of chapter 5's
+    training demonstrations (sft.SFTBatches: the loss on the responses only), a function of (seed, step), so a resumed
+    run draws the batches an uninterrupted one would. Every task of the SFT mix is in it: word problems too."""
+    if not cfg.ptx_coef:
+        return None
+    sizes = dataset_files.QUICK_SIZES if quick else {}
+    paths = dataset_files.ensure_datasets(tinyworld_dir(quick), seed=0, **sizes)
+    batches = SFTBatches(tok, read_jsonl(paths["sft_train"]), context_length, cfg.ptx_batch_size, seed=seed + 7)
+    return lambda step: tuple(t.to(device) for t in batches.batch(step))
 
 
 def story_parts(specs: list[dict], completions: list[str]) -> dict[str, float]:
@@ -178,6 +191,14 @@ class AsyncFlags:
     rollout_threads: int = 0  # the worker's CPU threads (0: half of torch's); the trainer keeps the rest
 
 
+@dataclasses.dataclass(frozen=True)
+class PTXFlags:
+    """--ptx-coef, --ptx-batch-size of chapters 7 and 8 (cli.add_ptx_args): PPO-ptx, InstructGPT's remedy for the
+    alignment tax (policy_gradient.ptx_loss)."""
+    ptx_coef: float = 0.0  # γ: each update minimises L_RL + γ · the SFT loss of one batch of demonstrations
+    ptx_batch_size: int = 16
+
+
 # the fields a run's flags record leaves out: CommonFlags', the model a run starts from (--init; its seed k in a
 # sweep), and how many threads the rollout worker gets (its speed, not what it computes)
 PLUMBING = (*(f.name for f in dataclasses.fields(CommonFlags)), "init", "rollout_threads")
@@ -185,11 +206,13 @@ PLUMBING = (*(f.name for f in dataclasses.fields(CommonFlags)), "init", "rollout
 
 def flags_record(cfg) -> dict:
     """The config dataclass's fields that decide what a run computes, as JSON values: eval.json keeps them, and a
-    finished or interrupted run is reused only when they are the same. A run without LoRA records no LoRA flags, and
-    one without --async no async flags, so the runs made before appendices A and B existed are still the same runs."""
+    finished or interrupted run is reused only when they are the same. A run without LoRA records no LoRA flags, one
+    without --async no async flags and one without --ptx-coef no ptx flags, so the runs made before those flags
+    existed are still the same runs."""
     flags = {k: v for k, v in dataclasses.asdict(cfg).items()
              if k not in PLUMBING and not (k.startswith("lora_") and not getattr(cfg, "lora_rank", 0))
-             and not (k in ("async_rollouts", "is_cap") and not getattr(cfg, "async_rollouts", False))}
+             and not (k in ("async_rollouts", "is_cap") and not getattr(cfg, "async_rollouts", False))
+             and not (k.startswith("ptx_") and not getattr(cfg, "ptx_coef", 0))}
     return json.loads(json.dumps(flags, default=str))
 
 

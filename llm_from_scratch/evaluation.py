@@ -27,7 +27,8 @@ b + c goes either way with probability 1/2, so b ~ Binomial(b + c, 1/2), and the
     p = min(1, 2 · Σ_{i ≤ min(b, c)} C(b + c, i) / 2^(b + c))            (p = 1 when b + c = 0)
 
 **One schema** (`eval_record`) for metrics.jsonl: `eval/sampled/{gold, gold_se, proxy, kl, kl_k3, length}`,
-`eval/greedy/{accuracy | gold, proxy, ended}` (accuracy for verifiable tasks, gold for stories); `val/` is left to
+`eval/greedy/{accuracy | gold, proxy, ended}` (accuracy for verifiable tasks, gold for stories; word problems also
+`eval/greedy/errors/{slip, strategy, events, malformed}`); `val/` is left to
 validation losses and `value/` to the critic.
 """
 
@@ -42,6 +43,7 @@ from llm_from_scratch.generation import generate, sequence_logprobs
 from llm_from_scratch.gold_rewards import gold_reward
 from llm_from_scratch.model import GPT, eval_mode
 from llm_from_scratch.sft import answer
+from llm_from_scratch.tasks import WP_ERROR_CLASSES, classify_word_problem
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
 
 ScoreFn = Callable[[list[str], list[str]], "torch.Tensor | list[float]"]  # (prompts, completions) -> (N,) scores
@@ -111,7 +113,8 @@ def greedy_eval(policy: GPT, tok: Tokenizer, examples: list[dict], proxy_fn: Sco
                 max_new_tokens: int = 160) -> dict:
     """Greedy answers to held-out examples: the gold reward's mean (the accuracy when every example is a verifiable
     task: then verifiable is True), the share that ended with EOS, the proxy's mean when proxy_fn is given, every
-    example's gold in order (gold_each, for paired tests), and the first 6 answers."""
+    example's gold in order (gold_each, for paired tests), the first 6 answers, and when every example is a word
+    problem the share of the answers that are each kind of error ("errors": slip, strategy, events, malformed)."""
     if not examples:
         raise ValueError("greedy_eval: no held-out examples to answer")
     prompts = [e["prompt"] for e in examples]
@@ -121,6 +124,9 @@ def greedy_eval(policy: GPT, tok: Tokenizer, examples: list[dict], proxy_fn: Sco
               "verifiable": all(e["task"] != "story" for e in examples), "gold_each": gold}
     if proxy_fn is not None:
         result["proxy"] = float(torch.as_tensor(proxy_fn(prompts, [t for t, _ in answers])).mean())
+    if all(e["task"] == "word_problem" for e in examples):  # what kind of mistake each wrong answer is
+        kinds = [classify_word_problem(e["prompt"], t) for e, (t, _) in zip(examples, answers)]
+        result["errors"] = {kind: kinds.count(kind) / len(kinds) for kind in WP_ERROR_CLASSES if kind != "right"}
     result["samples"] = [{"prompt": e["prompt"], "response": t, "gold": g}
                          for e, (t, _), g in zip(examples[:6], answers, gold)]
     return result
@@ -170,11 +176,14 @@ GREEDY_KEYS = ("gold", "proxy", "ended")
 def eval_record(result: dict, prefix: str) -> dict[str, float]:
     """The metrics.jsonl keys of one evaluation. prefix "eval/sampled": a sampled_eval result -> eval/sampled/gold,
     gold_se, proxy (only when there was one), kl, kl_k3, length; prefix "eval/greedy": a greedy_eval result ->
-    eval/greedy/accuracy (verifiable tasks) or eval/greedy/gold (stories), proxy (when scored), ended."""
+    eval/greedy/accuracy (verifiable tasks) or eval/greedy/gold (stories), proxy (when scored), ended, and for word
+    problems eval/greedy/errors/{slip, strategy, events, malformed} (shares of all the answers)."""
     if prefix == "eval/sampled":
         keys = [k for k in SAMPLED_KEYS if k in result and (k != "proxy" or result.get("has_proxy", True))]
         return {f"{prefix}/{k}": result[k] for k in keys}
     if prefix == "eval/greedy":
         name = {"gold": "accuracy" if result.get("verifiable") else "gold"}
-        return {f"{prefix}/{name.get(k, k)}": result[k] for k in GREEDY_KEYS if k in result}
+        record = {f"{prefix}/{name.get(k, k)}": result[k] for k in GREEDY_KEYS if k in result}
+        record.update({f"{prefix}/errors/{kind}": share for kind, share in result.get("errors", {}).items()})
+        return record
     raise ValueError(f"eval_record: prefix must be 'eval/sampled' or 'eval/greedy', got {prefix!r}")

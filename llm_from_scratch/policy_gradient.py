@@ -89,7 +89,7 @@ from llm_from_scratch import distributed
 from llm_from_scratch.generation import generate, sequence_logprobs
 from llm_from_scratch.model import GPT, eval_mode
 from llm_from_scratch.tokenizer import Tokenizer, encode_chat
-from llm_from_scratch.train import optimizer_step
+from llm_from_scratch.train import lm_loss, optimizer_step
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -351,6 +351,7 @@ class PGConfig:
     loss_type: str | None = None  # None: the algorithm's own aggregation; else one of LOSS_TYPES (TRL's names)
     filter_groups: bool = False  # DAPO's dynamic sampling, without refilling: drop groups whose rewards are all equal
     is_cap: float = 2.0  # C of the truncated importance weights, for a batch sampled by an older policy (--async)
+    ptx_coef: float = 0.0  # γ of PPO-ptx: each optimizer step also minimises γ · the SFT loss of ptx_batch (`ptx_loss`)
 
 
 LOSS_TYPES = {"grpo": "sequence", "dr_grpo": "constant", "dapo": "token"}  # TRL's loss_type -> `aggregate`'s how
@@ -366,19 +367,32 @@ def normalisation(algo: str, loss_type: str | None = None) -> str:
     return {"grpo": "sequence", "dr-grpo": "constant"}.get(algo, "sum")
 
 
+def ptx_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """InstructGPT's "ptx" term (Ouyang et al. 2022, eq. 2: "PPO-ptx"): the RL objective plus γ times the
+    log-likelihood of data the model was trained on; here the SFT loss of a batch of demonstrations (x, y) from
+    sft.SFTBatches (y = -100 on the prompt and the padding): −1/|R| Σ_{t ∈ R} log π(y_t | x_≤t), at temperature 1.
+    The update minimises L_RL + γ · ptx_loss, which pulls the policy back toward what RL on one task makes it forget."""
+    x, y = batch  # (B, T) each
+    return lm_loss(model, x, y)
+
+
 def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: PGConfig,
-              baseline: MovingAverageBaseline | None = None) -> dict[str, float]:
+              baseline: MovingAverageBaseline | None = None,
+              ptx_batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
     """Advantages from the rollout's rewards, then cfg.inner_epochs optimizer steps on the same samples.
     The policy runs with dropout off, at the sampling temperature. With cfg.filter_groups the loss is built from
     the rows of the informative groups only (`informative_groups` on the raw rewards); the logged metrics still
     describe the whole batch. Returns the step's metrics, with train/rows (the rows the loss used) and
-    train/skipped_step (1 when the filter left none, and no optimizer step was taken).
+    train/skipped_step (1 when the filter left none, and no optimizer step was taken). With cfg.ptx_coef > 0 each
+    optimizer step also minimises cfg.ptx_coef · ptx_loss(ptx_batch) (logged as loss/ptx; a skipped step skips it too).
     Under torchrun: each rank passes its own rollout and the policy wrapped by distributed.wrap; the loss is scaled
     as the module docstring says, and the metrics returned are every rank's batch together, the same on all."""
     if cfg.algo not in ALGOS:
         raise ValueError(f"unknown algorithm {cfg.algo!r}; choose from {ALGOS}")
     if cfg.kl_in not in ("reward", "loss"):
         raise ValueError(f"kl_in must be 'reward' or 'loss', got {cfg.kl_in!r}")
+    if cfg.ptx_coef and (ptx_batch is None or distributed.world_size() > 1):
+        raise ValueError("pg_update: ptx_coef > 0 needs a ptx_batch, in one process (not under torchrun)")
     how = normalisation(cfg.algo, cfg.loss_type)
     clipped = cfg.algo in ("grpo", "dr-grpo")
     keep = (informative_groups(ro.rewards, cfg.k) if cfg.filter_groups
@@ -445,7 +459,12 @@ def pg_update(policy: GPT, optimizer: torch.optim.Optimizer, ro: Rollout, cfg: P
                     loss = loss + cfg.beta * aggregate(k3, mask, how, cfg.max_new_tokens)
                 if W > 1:
                     loss = loss * scale  # w_r L_r: DDP's average is the loss of every rank's rows together
-            loss.backward()
+            if cfg.ptx_coef:  # PPO-ptx: the SFT loss of the demonstrations, mixed into the same step
+                ptx = ptx_loss(policy, ptx_batch)
+                metrics["loss/ptx"] = ptx.item()
+                (loss + cfg.ptx_coef * ptx).backward()
+            else:
+                loss.backward()
             metrics["train/grad_norm"] = optimizer_step(policy, optimizer, cfg.grad_clip)
             if W == 1:
                 metrics["loss/policy"] = loss.item()

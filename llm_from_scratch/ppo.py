@@ -66,6 +66,7 @@ from llm_from_scratch.policy_gradient import (
     masked_mean,
     masked_sum,
     masked_whiten,
+    ptx_loss,
     truncated_is_weights,
 )
 from llm_from_scratch.train import fused_if_cuda
@@ -255,17 +256,22 @@ class PPOConfig:
     whiten_rewards: bool = False  # scale the per-token rewards to unit variance (their mean kept) before GAE
     grad_clip: float = 1.0  # applied to the policy's and the critic's parameter groups separately
     is_cap: float = 2.0  # C of the truncated importance weights, for a batch sampled by an older policy (--async)
+    ptx_coef: float = 0.0  # γ of PPO-ptx: every optimizer step adds γ · the SFT loss of ptx_batch (`ptx_loss`)
 
 
 def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim.Optimizer, ro: Rollout,
              kl_ctl: AdaptiveKLController | FixedKLController, cfg: PPOConfig,
-             generator: torch.Generator | None = None) -> dict[str, float]:
+             generator: torch.Generator | None = None,
+             ptx_batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
     """One PPO iteration on a rollout batch (see the module docstring); updates kl_ctl after. Returns the metrics.
+    With cfg.ptx_coef > 0 (PPO-ptx) every optimizer step also minimises cfg.ptx_coef · ptx_loss(ptx_batch).
     critic=None: the policy is a PolicyValue (the shared critic). Under torchrun: this rank's rollout, the models
     wrapped by distributed.wrap, and the metrics of every rank's rollout together (the module docstring)."""
     B, W = ro.sequences.size(0), distributed.world_size()
     if not 1 <= cfg.minibatches <= B:
         raise ValueError(f"ppo_step: {cfg.minibatches} minibatches do not fit a batch of {B} rollouts")
+    if cfg.ptx_coef and (ptx_batch is None or W > 1):
+        raise ValueError("ppo_step: ptx_coef > 0 needs a ptx_batch, in one process (not under torchrun)")
     if W > 1 and not all(distributed.is_wrapped(m) for m in (policy, critic) if m is not None):
         raise ValueError("ppo_step under torchrun: pass the policy (and critic) wrapped by distributed.wrap, or the "
                          "ranks' gradients are never averaged and their copies drift apart")
@@ -310,6 +316,10 @@ def ppo_step(policy: nn.Module, critic: nn.Module | None, optimizer: torch.optim
                                                            weights=None if weights is None else weights[rows])
                 vf_loss, vf_clipfrac = clipped_value_loss(values, old_values[rows], returns[rows], m, cfg.clip_value)
                 loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * masked_mean(entropy, m)
+                if cfg.ptx_coef:  # PPO-ptx: the SFT loss of the demonstrations, in every optimizer step
+                    ptx = ptx_loss(actor(policy), ptx_batch)
+                    loss = loss + cfg.ptx_coef * ptx
+                    stats["loss/ptx"].append(ptx.item())
                 if W > 1:  # w_r times this rank's token mean: DDP's average is the mean over the ranks' minibatches
                     j = epoch * cfg.minibatches + i
                     loss = loss * distributed.shard_weight(tokens[j], tokens_all[j])

@@ -16,6 +16,11 @@ Seven tasks (TASKS), each an Example: a prompt, the demonstrated response, and i
 The held-out split is a function of the prompt alone: a prompt is "val" iff crc32(prompt) % 10 == 0, so no train
 prompt is ever a val prompt (the SFT examples, the preference pairs and the RL prompts all use this split).
 
+The word-problem demonstrator (demonstration_word_problem) has a habit a verifier can catch: it reads "Then she gives
+3 apples to Leo." as a gain in 2 of 3 such events (WP_MISREAD_P), each sum's arithmetic right; classify_word_problem
+sorts any wrong answer into a slip, a strategy (an event's verb read the wrong way), an events error (an event added,
+dropped or misread) or a malformed one. The habit is what chapter 7's RL from verifiable rewards can select.
+
 The story demonstrator (demonstration_story) is a writer of mixed skill, as human demonstrators are: with probability
 21/28 = 3/4 it writes what was asked, otherwise one flaw (CORRUPTIONS), each of the seven kinds with probability 1/28.
 That is the room above SFT that the reward model, best-of-N, RL and DPO must use. The same corruptions make the
@@ -27,6 +32,7 @@ RL from verifiable rewards) and "stories" (RLHF). Every random decision goes thr
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import asdict, dataclass, field
 
@@ -75,6 +81,8 @@ SFT_VAL_WEIGHTS = {"arithmetic": 1, "word_problem": 4, "sort": 1, "reverse": 1, 
 WP_STEPS = (2, 4)          # number of additions/subtractions
 WP_MAX_QUANTITY = 20       # no count (start, step, total) ever exceeds this
 WP_DISTRACTOR_P = 0.3      # chance of one sentence about another child's count
+# Each event sentence's kind, by template (tinyworld.WP_ADD / WP_SUB, in order): True -> the gains
+WP_EVENT_KINDS = {True: ("finds", "given", "buys"), False: ("gives", "loses")}
 
 
 # ----------------------------------------------------------------------------
@@ -113,8 +121,10 @@ def _items(k: int, obj: str) -> str:
 def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_quantity: int | None = None,
                       distractor_p: float | None = None) -> Example:
     """'Mia has 5 apples. She finds 13 more apples. She loses 2 apples. How many ...?' -> the count, worked
-    event by event: '5 plus 13: 5 plus 10 is 15. 15 plus 3 is 18. 18 minus 2: 18 minus 0 is 18. 18 minus 2 is 16.'
-    No count goes below 0. A pronoun stands for the child only right after a sentence about the child alone."""
+    event by event by the demonstrator (demonstration_word_problem, which sometimes follows a wrong strategy):
+    '5 plus 13: 5 plus 10 is 15. 15 plus 3 is 18. 18 minus 2: 18 minus 0 is 18. 18 minus 2 is 16.'
+    No count goes below 0. A pronoun stands for the child only right after a sentence about the child alone.
+    meta["answer"] is always the right count."""
     lo, hi = steps or WP_STEPS
     top = max_quantity or WP_MAX_QUANTITY
     p_distract = WP_DISTRACTOR_P if distractor_p is None else distractor_p
@@ -124,28 +134,31 @@ def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_q
     n_events = rng.randint(lo, hi)
     # the distractor comes right before this event (or before the question)
     distractor_at = rng.randint(1, n_events + 1) if rng.coin(p_distract) else None
-    count = rng.randint(1, top)
-    sentences, work = [WP_START.format(n=count, items=_items(count, obj), name=name)], []
+    start = count = rng.randint(1, top)
+    sentences, events = [WP_START.format(n=count, items=_items(count, obj), name=name)], []
     alone = True  # did the last sentence speak of the child alone?
     for event in range(1, n_events + 2):
         if event == distractor_at:
             other = rng.choice([n for n in NAME_LIST if n not in (name, friend)])
             d = rng.randint(1, top)
             sentences.append(WP_DISTRACTOR.format(other=other, d=d, items=_items(d, obj)))
+            events.append(("other", d))
             alone = False
         if event > n_events:
             break
         add = count == 0 or (count < top and rng.coin(0.5))
         k = rng.randint(1, top - count) if add else rng.randint(1, count)
-        work.append(worked_steps(count, "plus" if add else "minus", k))
         count += k if add else -k
-        template = rng.choice(WP_ADD if add else WP_SUB)
+        templates = WP_ADD if add else WP_SUB
+        template = rng.choice(templates)
+        events.append((WP_EVENT_KINDS[add][templates.index(template)], k))
         words = {"subj": subj if alone else name, "Subj": subj.capitalize() if alone else name,
                  "obj": objp if alone else name, "friend": friend}
         sentences.append(template.format(k=k, items=_items(k, obj), **words))
         alone = "{friend}" not in template
     sentences.append(WP_QUESTION.format(items=OBJECTS[obj], name=name))
-    return Example("word_problem", " ".join(sentences), " ".join(work), {"answer": str(count)})
+    response, _ = demonstration_word_problem(rng, start, events)
+    return Example("word_problem", " ".join(sentences), response, {"answer": str(count)})
 
 
 def make_list_task(task: str, rng: Recorder) -> Example:
@@ -214,6 +227,95 @@ def generate_instructions(n: int, seed: int | str = 0, tasks: tuple = TASKS, wei
         if split is None or prompt_split(ex.prompt) == split:
             out.append(ex)
     return out
+
+
+# ----------------------------------------------------------------------------
+# The word-problem demonstrator: a wrong strategy a verifier can catch
+
+# Real worked solutions come from people of mixed skill, and some of their mistakes are not slips but a wrong way of
+# reading the problem. The demonstrator has one such habit (data/README.md says why): it reads "Then she gives 3
+# apples to Leo." as a gain, as if "gives" always meant getting, in 2 of 3 of these events (WP_MISREAD_P). So the SFT
+# model learns the misreading as its most likely one, and answers those problems wrong when greedy, while its samples
+# still read the event right about 1 time in 3: a behaviour RL from a verifier can select. Each sum's arithmetic stays
+# right, and the other tasks' demonstrations are all right.
+WP_MISREAD_P = 2 / 3
+WP_ERROR_CLASSES = ("right", "slip", "strategy", "events", "malformed")
+
+
+def solution_plan(events: list[tuple[str, int]], misread: frozenset = frozenset()) -> list[tuple[str, int]]:
+    """The sums a solution works, in order, as (op, k), one per event of the child's own (the other child's count is
+    left out): the right plan, with the events whose indices are in `misread` worked the other way."""
+    gains = WP_EVENT_KINDS[True]
+    return [("plus" if (kind in gains) != (i in misread) else "minus", k)
+            for i, (kind, k) in enumerate(events) if kind != "other"]
+
+
+def work_plan(start: int, plan: list[tuple[str, int]]) -> str | None:
+    """The worked sums of a plan from `start` (tinyworld.worked_steps), or None when a count leaves 0..99."""
+    count, work = start, []
+    for op, k in plan:
+        work.append(worked_steps(count, op, k))
+        count += k if op == "plus" else -k
+        if not 0 <= count <= 99:
+            return None
+    return " ".join(work)
+
+
+def demonstration_word_problem(rng: Recorder, start: int, events: list[tuple[str, int]]) -> tuple[str, int]:
+    """The SFT demonstration of a word problem: each "gives ... to" event misread as a gain with probability
+    WP_MISREAD_P, then the plan worked. Returns (response, how many events it misread); a misread plan whose count
+    would pass 99 is worked right instead."""
+    misread = frozenset(i for i, (kind, _) in enumerate(events) if kind == "gives" and rng.coin(WP_MISREAD_P))
+    work = work_plan(start, solution_plan(events, misread))
+    return (work, len(misread)) if work is not None else (work_plan(start, solution_plan(events)), 0)
+
+
+def word_problem_events(prompt: str) -> tuple[int, list[tuple[str, int]]]:
+    """Read a word problem back into (start, events): the inverse of make_word_problem's sentences."""
+    sentences = [s.strip() for s in re.findall(r"[^.?]+[.?]", prompt)]
+    start = int(re.fullmatch(r"\w+ has (\d+) \w+\.", sentences[0]).group(1))
+    events = []
+    for s in sentences[1:-1]:
+        k = int(re.search(r"\d+", s).group())
+        if re.fullmatch(r"\w+ has \d+ \w+\.", s):
+            events.append(("other", k))
+        elif " finds " in s:
+            events.append(("finds", k))
+        elif " buys " in s:
+            events.append(("buys", k))
+        elif " loses " in s:
+            events.append(("loses", k))
+        elif re.search(r" gives \d+ \w+ to ", s):
+            events.append(("gives", k))
+        else:  # "Leo gives her 3 more apples."
+            events.append(("given", k))
+    return start, events
+
+
+WORKED_SUM = re.compile(r"(\d+) (plus|minus) (\d+): \d+ (?:plus|minus) \d+ is \d+\. \d+ (?:plus|minus) \d+ is (\d+)\.")
+
+
+def classify_word_problem(prompt: str, response: str) -> str:
+    """What kind of answer a response to a word problem is (WP_ERROR_CLASSES):
+    right      the final number is the answer (as the gold reward reads it: the last number written)
+    slip       the right sums, in the right order, from the right start, with an arithmetic or copying slip
+    strategy   the right events and numbers, but an event's verb read the wrong way (a gain worked as a loss, or
+               a loss as a gain): the demonstrator's habit, or another misreading of the same kind
+    events     other sums: another start, an event added (the other child's count) or dropped, a number misread
+    malformed  a wrong final number that is not at the end of a chain of worked sums (or no number at all)"""
+    start, events = word_problem_events(prompt)
+    right = solution_plan(events)
+    answer = start + sum(k if op == "plus" else -k for op, k in right)
+    numbers = re.findall(r"\d+", response)
+    if numbers and int(numbers[-1]) == answer:
+        return "right"
+    sums = WORKED_SUM.findall(response)
+    if not sums or " ".join(m.group(0) for m in WORKED_SUM.finditer(response)) != response.strip():
+        return "malformed"
+    written = [(op, int(k)) for _, op, k, _ in sums]
+    if int(sums[0][0]) != start or [k for _, k in written] != [k for _, k in right]:
+        return "events"
+    return "slip" if written == right else "strategy"
 
 
 # ----------------------------------------------------------------------------

@@ -31,10 +31,10 @@ SCRIPTS = sorted((ROOT / "chapters").glob("ch[0-9][0-9]_*.py"))
 # vendor you can measure, and the README's numbers will need a new course run too.
 CHAIN = ("tokenizer", "pretrain", "sft", "reward_model", "pg_word-problems_rloo", "ppo_stories", "dpo")
 GOLDEN = {
-    # AMD EPYC (family 25, model 17), 2 cores, torch 2.13.0+cpu, 2026-12-07
-    "AuthenticAMD": {"tokenizer": "9552be5f73c7e241", "pretrain": "9ae91630e0cd012e", "sft": "978d875e253b42a9",
-                     "reward_model": "376bd68324b722c9", "pg_word-problems_rloo": "d67ebe7a2f7fbf76",
-                     "ppo_stories": "06d5544eda7b4ce7", "dpo": "b6915dc2796471d4"},
+    # AMD EPYC (family 25, model 17), 2 cores, torch 2.13.0+cpu, 2026-12-07; sft on: the data of GENERATOR_VERSION 14
+    "AuthenticAMD": {"tokenizer": "9552be5f73c7e241", "pretrain": "9ae91630e0cd012e", "sft": "cbde9559d49477e3",
+                     "reward_model": "e685ace32e09ae4b", "pg_word-problems_rloo": "ab4503d09809245d",
+                     "ppo_stories": "4d8a8f3f72c2aa4e", "dpo": "43dcc4940da9ded0"},
 }
 QUICK_CHAIN = {}  # the digests of the quick course that test_run_all_quick made, before it interrupts and resumes it
 
@@ -110,6 +110,10 @@ def test_ch07_loss_type_and_filter_reach_the_config_and_the_finished_run_check(t
     assert common.finished_result(default, run) is None  # made in the other CPU mode: another chain
     (out / "summary.json").write_text(json.dumps(made_here))
     assert common.finished_result(default, run) is not None
+    # PPO-ptx's flags count only when it is on: a batch size without a coefficient computes the same run
+    assert common.finished_result(ch07.parse_args(["--task", "stories", "--ptx-batch-size", "4"]), run) is not None
+    assert common.finished_result(ch07.parse_args(["--task", "stories", "--ptx-coef", "1"]), run) is None
+    assert ch07.run_name(ch07.parse_args(["--ptx-coef", "0.5"])) == "pg_word-problems_rloo_ptx0.5"
     where = ch07.parse_args(["--task", "stories", "--quiet", "--device", "cpu", "--out", str(out), "--no-build"])
     assert common.finished_result(where, run) is not None  # where it writes and how it reports: not what it is
     assert common.finished_result(default, run._replace(seed=1)) is None  # another seed
@@ -297,6 +301,28 @@ def test_policy_gradient_on_stories_and_resume(quick_env):
                            capture_output=True, text=True, env=quick_env, timeout=1200)
     assert again.returncode == 0 and "resuming" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
     assert (out / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_policy_gradient_with_ptx_reports_the_kinds_of_errors_and_pass_at_k_after(quick_env):
+    """Quick chapter 7 with PPO-ptx: its own folder, loss/ptx at every step, the wrong greedy answers by kind at every
+    evaluation, pass@k before and after on the same problems, and the figure of it."""
+    script = str(ROOT / "chapters" / "ch07_policy_gradient.py")
+    run = subprocess.run([sys.executable, script, "--quick", "--quiet", "--ptx-coef", "0.5"], capture_output=True,
+                         text=True, env=quick_env, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "wrong answers, share of the held-out problems before -> after: slip" in run.stdout
+    out = Path(quick_env["LLMFS_RUNS_DIR"]) / "quick" / "pg_word-problems_rloo_ptx0.5"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "objective/kl" in r and not r.get("train/skipped_step")]
+    assert steps and all(r["loss/ptx"] > 0 for r in steps)
+    evals = [r for r in records if "eval/greedy/accuracy" in r]
+    for r in evals:  # the kinds of wrong answers and the right ones make up every answer
+        kinds = [r[f"eval/greedy/errors/{k}"] for k in ("slip", "strategy", "events", "malformed")]
+        assert sum(kinds) + r["eval/greedy/accuracy"] == pytest.approx(1.0, abs=1e-9)  # shares of n ≤ 1,000 answers
+    result = json.loads((out / "eval.json").read_text())
+    assert set(result["before"]["pass_at_k"]) == set(result["after"]["pass_at_k"]) == {"1", "2"}
+    assert result["flags"]["ptx_coef"] == 0.5 and (out / "pass_at_k.png").is_file()
 
 
 @pytest.mark.slow

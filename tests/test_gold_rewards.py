@@ -95,8 +95,8 @@ def test_story_demonstrations_come_from_a_writer_of_mixed_skill():
         flaws.update(tasks.demonstration_story(rng, tasks.story_prompt(rng)[1])[1] or ["none"])
     assert flaws["none"] / 2800 == pytest.approx(0.75, abs=0.035)  # the same 4 s.e. as above
     assert all(flaws[k] / 2800 == pytest.approx(1 / 28, abs=0.015) for k in tasks.CORRUPTIONS)  # s.e. 0.0035
-    # the verifiable demonstrations stay correct
-    for ex in tasks.generate_instructions(300, seed=4, tasks=("arithmetic", "word_problem", "sort", "count")):
+    # the other verifiable demonstrations stay correct (the word problems: tests/test_tasks.py)
+    for ex in tasks.generate_instructions(300, seed=4, tasks=("arithmetic", "sort", "count")):
         assert gold_rewards.gold_reward(ex, ex.response) == 1.0
 
 

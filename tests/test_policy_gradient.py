@@ -1,10 +1,12 @@
 """The shared RL math of chapter 7, against numbers worked out by hand or from explicit distributions."""
 
+import copy
 import math
 
 import pytest
 import torch
 
+from llm_from_scratch.data import sft_collate
 from llm_from_scratch.generation import sequence_logprobs
 from llm_from_scratch.model import GPT, GPTConfig, eval_mode
 from llm_from_scratch.policy_gradient import (
@@ -23,6 +25,7 @@ from llm_from_scratch.policy_gradient import (
     pass_at_k,
     pg_update,
     policy_gradient_loss,
+    ptx_loss,
     rloo_advantages,
     rollout,
 )
@@ -446,3 +449,72 @@ def test_filter_groups_skips_the_step_when_every_group_is_equal(tok):
     metrics = pg_update(policy, opt, ro, cfg)
     assert metrics["train/skipped_step"] == 0 and metrics["train/rows"] == 8
     assert any(not torch.equal(a, b) for a, b in zip(weights, policy.parameters()))
+
+
+# ----------------------------------------------------------------------------
+# PPO-ptx: the SFT loss mixed into the update
+
+
+def sft_batch(tok):
+    """Two demonstrations as SFT trains on them: the loss on the responses only (-100 on the prompt and padding)."""
+    rows = [encode_chat(tok, "Add 2 and 3.", "2 plus 3: 2 plus 0 is 2. 2 plus 3 is 5."),
+            encode_chat(tok, "Sort these words: kite, cat.", "cat, kite")]
+    return sft_collate(rows, tok.pad_id)
+
+
+def sft_loss_by_hand(model, x, y):
+    """−1/|R| Σ_{(b, t): y[b, t] ≠ −100} log softmax(logits[b, t])[y[b, t]], one position at a time, in float64."""
+    logits = model(x).double()
+    terms = [torch.logsumexp(logits[b, t], 0) - logits[b, t, y[b, t]]
+             for b in range(x.size(0)) for t in range(x.size(1)) if y[b, t] != -100]
+    return torch.stack(terms).mean()
+
+
+def test_ptx_loss_is_the_sft_loss_of_the_responses(tok):
+    policy = tiny_gpt(tok)
+    x, y = sft_batch(tok)
+    assert (y == -100).any() and (y != -100).sum() > 10  # the prompts and the padding are left out
+    with eval_mode(policy):
+        # float32 log-softmax over 300 logits, mean of ~30 terms of ~6 nats, against float64: a few ulp (4.8e-7)
+        # per term, rel 1e-5 leaves 20×; a loss over the prompt tokens too, or unshifted targets, moves it by > 1%
+        assert ptx_loss(policy, (x, y)).item() == pytest.approx(sft_loss_by_hand(policy, x, y).item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("coef", [0.5, 3.0])
+def test_ptx_mixes_gamma_times_the_sft_loss_into_the_update(tok, coef):
+    """With SGD (lr 1, no clipping) an update is minus the gradient, so the update with γ > 0 minus the update
+    without is −γ ∇(SFT loss), the hand-worked mixture L_RL + γ · L_SFT (InstructGPT's PPO-ptx)."""
+    base, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 1).requires_grad_(False)
+    ro = rollout(base, reference, tok, ["Add 2 and 3.", "Sort these words: cat, dog."], k=4,
+                 reward_fn=lambda p, c: [float(len(x) % 3) for x in c], max_new_tokens=6, temperature=0.7,
+                 generator=torch.Generator().manual_seed(0))
+    batch = sft_batch(tok)
+
+    def updated(gamma):
+        policy = copy.deepcopy(base)
+        cfg = PGConfig(algo="rloo", k=4, max_new_tokens=6, temperature=0.7, grad_clip=0.0, ptx_coef=gamma)
+        metrics = pg_update(policy, torch.optim.SGD(policy.parameters(), lr=1.0), ro, cfg,
+                            ptx_batch=batch if gamma else None)
+        return [p.detach() for p in policy.parameters()], metrics
+
+    (rl_only, plain), (mixed, metrics) = updated(0.0), updated(coef)
+    hand = copy.deepcopy(base)
+    with eval_mode(hand):
+        loss = sft_loss_by_hand(hand, *batch)
+        grads = torch.autograd.grad(loss, list(hand.parameters()), allow_unused=True)
+    assert metrics["loss/ptx"] == pytest.approx(loss.item(), rel=1e-5)  # as above
+    assert metrics["loss/policy"] == plain["loss/policy"]  # the policy loss is logged without the ptx term
+    for a, b, g in zip(rl_only, mixed, grads):
+        g = torch.zeros_like(a) if g is None else g.float()
+        # each side a difference of float32 weights of |w| ≲ 1 (ulp ≤ 1.2e-7) plus a gradient summed in float32
+        # against float64: atol 2e-6 and rtol 1e-4; a sign flipped or γ dropped misses by |γ ∇L| ≫ that
+        assert torch.allclose(b - a, -coef * g, rtol=1e-4, atol=2e-6)
+    assert any(g is not None and g.abs().max() > 1e-3 for g in grads)  # the test has something to see
+
+
+def test_ptx_needs_its_batch(tok):
+    policy, reference = tiny_gpt(tok, 0), tiny_gpt(tok, 1)
+    ro = rollout(policy, reference, tok, ["Add 2 and 3."], k=2, reward_fn=lambda p, c: [1.0, 0.0], max_new_tokens=4,
+                 generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="ptx_batch"):
+        pg_update(policy, torch.optim.SGD(policy.parameters(), lr=0.1), ro, PGConfig(k=2, ptx_coef=1.0))

@@ -1,8 +1,11 @@
 """PPO's pieces against numbers worked out by hand (chapter 8), and a PPO step on a tiny GPT."""
 
+import copy
+
 import pytest
 import torch
 
+from llm_from_scratch.data import sft_collate
 from llm_from_scratch.generation import sequence_logprobs
 from llm_from_scratch.model import GPT, GPTConfig
 from llm_from_scratch.policy_gradient import rollout
@@ -339,3 +342,33 @@ def test_advantages_are_whitened_over_the_completion_tokens_only(tok):
     # The reward, score − 0.1·Σ k1 over ≤ 6 tokens of a few ulp each: ≲ 1e-6
     assert pg_padded == pytest.approx(pg, abs=1e-5)
     assert vf_padded == pytest.approx(vf, rel=1e-5) and reward_padded == pytest.approx(reward, abs=1e-5)
+
+
+def test_ppo_ptx_mixes_gamma_times_the_sft_loss_into_every_step(tok):
+    """One epoch of one minibatch with SGD (lr 1, no clipping): the update with γ > 0 minus the update without is
+    −γ ∇(SFT loss of the batch), PPO-ptx's hand-worked mixture (policy_gradient.ptx_loss)."""
+    gpt, reference = tiny_gpt(tok, dropout=0.0), tiny_gpt(tok, dropout=0.0).requires_grad_(False)
+    ro = tiny_rollout(tok, gpt, reference)
+    rows = [encode_chat(tok, "Add 2 and 3.", "2 plus 3: 2 plus 0 is 2. 2 plus 3 is 5."),
+            encode_chat(tok, "Sort these words: kite, cat.", "cat, kite")]
+    batch = sft_collate(rows, tok.pad_id)
+
+    def updated(gamma):
+        policy, critic = copy.deepcopy(gpt), RewardModel(tiny_gpt(tok, 1))
+        opt = torch.optim.SGD([{"params": policy.parameters()}, {"params": critic.parameters()}], lr=1.0)
+        cfg = PPOConfig(epochs=1, minibatches=1, grad_clip=0.0, ptx_coef=gamma)
+        metrics = ppo_step(policy, critic, opt, ro, FixedKLController(0.05), cfg, torch.Generator().manual_seed(0),
+                           ptx_batch=batch if gamma else None)
+        return [p.detach() for p in policy.parameters()], metrics
+
+    (plain, _), (mixed, metrics) = updated(0.0), updated(2.0)
+    hand = copy.deepcopy(gpt)
+    logits = hand(batch[0]).double()  # the SFT loss by hand: −mean log softmax at the response targets
+    x, y = batch
+    loss = torch.stack([torch.logsumexp(logits[b, t], 0) - logits[b, t, y[b, t]] for b in range(x.size(0))
+                        for t in range(x.size(1)) if y[b, t] != -100]).mean()
+    grads = torch.autograd.grad(loss, list(hand.parameters()))
+    # float32 against float64 (mean of ~30 terms): rel 1e-5; weights |w| ≲ 1 (ulp ≤ 1.2e-7): atol 2e-6, rtol 1e-4
+    assert metrics["loss/ptx"] == pytest.approx(loss.item(), rel=1e-5)
+    for a, b, g in zip(plain, mixed, grads):
+        assert torch.allclose(b - a, -2.0 * g.float(), rtol=1e-4, atol=2e-6)

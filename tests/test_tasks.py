@@ -2,6 +2,7 @@
 independently."""
 
 import json
+import math
 import re
 from collections import Counter
 
@@ -68,11 +69,13 @@ def test_verifiable_answers_are_correct():
             assert int(ex.meta["answer"]) == c == _solve_arithmetic(ex.prompt) >= 0
             assert ex.prompt in (f"Add {a} and {b}.", f"What is {a} plus {b}?") if op == "plus" else \
                 ex.prompt in (f"Subtract {b} from {a}.", f"What is {a} minus {b}?")
-        elif ex.task == "word_problem":
-            sums = _parse_sums(ex.response)  # one worked sum per event of the story
+        elif ex.task == "word_problem":  # one worked sum per event, by the demonstrator: right or a wrong strategy
+            sums = _parse_sums(ex.response)
             assert all(sums[i][3] == sums[i + 1][0] for i in range(len(sums) - 1))  # each continues the last
             assert sums[0][0] == int(re.match(r"\w+ has (\d+)", ex.prompt).group(1))
-            assert int(ex.meta["answer"]) == sums[-1][3] == _solve_word_problem(ex.prompt)
+            assert int(ex.meta["answer"]) == _solve_word_problem(ex.prompt)
+            kind = tasks.classify_word_problem(ex.prompt, ex.response)
+            assert kind in ("right", "strategy") and (kind == "right") == (sums[-1][3] == int(ex.meta["answer"]))
         else:
             assert ex.response == ex.meta["answer"]
             words = re.fullmatch(r"\w+ these words: (.*)\.", ex.prompt).group(1).split(", ")
@@ -81,6 +84,85 @@ def test_verifiable_answers_are_correct():
                         "count": str(len(words))}[ex.task]
             assert ex.response == expected
     assert min(seen.values()) > 400
+
+
+# A word problem with an event the demonstrator misreads ("gives ... to"), another child's count, and a loss
+PROBLEM = ("Mia has 10 apples. Leo gives her 3 more apples. Tom has 5 apples. Then Mia gives 4 apples to Leo. "
+           "Mia loses 2 apples. How many apples does Mia have now?")
+EVENTS = [("given", 3), ("other", 5), ("gives", 4), ("loses", 2)]  # right: 10 + 3 - 4 - 2 = 7
+
+
+def test_word_problem_events_reads_every_template_back():
+    assert tasks.word_problem_events(PROBLEM) == (10, EVENTS)
+    assert tasks.solution_plan(EVENTS) == [("plus", 3), ("minus", 4), ("minus", 2)]  # the other child's left out
+    assert tasks.solution_plan(EVENTS, frozenset({2})) == [("plus", 3), ("plus", 4), ("minus", 2)]
+    rng = tw.Recorder(8)
+    for _ in range(500):  # the sums the right plan works are the problem's answer
+        ex = tasks.make_word_problem(rng, distractor_p=0.5)
+        start, events = tasks.word_problem_events(ex.prompt)
+        plan = tasks.solution_plan(events)
+        assert start + sum(k if op == "plus" else -k for op, k in plan) == int(ex.meta["answer"])
+        assert {kind for kind, _ in events} <= {"finds", "given", "buys", "gives", "loses", "other"}
+
+
+def test_word_problem_demonstrator_misreads_at_its_stated_rate():
+    """"Then Mia gives 4 apples to Leo." worked as a gain with probability WP_MISREAD_P: within 4 binomial standard
+    errors of n = 4,000 draws (a rate off by 0.03 fails); the response works that plan, and the classifier calls it
+    a strategy error exactly when the event was misread."""
+    n, misread = 4000, 0
+    for seed in range(n):
+        response, flaws = tasks.demonstration_word_problem(tw.Recorder(seed), 10, EVENTS)
+        misread += flaws
+        assert response == tasks.work_plan(10, tasks.solution_plan(EVENTS, frozenset({2} if flaws else ())))
+        assert tasks.classify_word_problem(PROBLEM, response) == ("strategy" if flaws else "right")
+    p = tasks.WP_MISREAD_P
+    assert abs(misread / n - p) < 4 * math.sqrt(p * (1 - p) / n), misread / n
+
+
+def test_every_gives_event_is_misread_on_its_own():
+    # two "gives ... to" events: each misread independently, so both, one or none (p², 2p(1-p), (1-p)²)
+    events, n, seen = [("gives", 2), ("finds", 3), ("gives", 1)], 3000, Counter()
+    for seed in range(n):
+        seen[tasks.demonstration_word_problem(tw.Recorder(seed), 10, events)[1]] += 1
+    p = tasks.WP_MISREAD_P
+    for k, share in ((2, p * p), (1, 2 * p * (1 - p)), (0, (1 - p) ** 2)):
+        assert abs(seen[k] / n - share) < 4 * math.sqrt(share * (1 - share) / n), (k, seen[k] / n, share)
+
+
+def test_a_misreading_that_passes_99_is_not_made():
+    events = [("gives", 20), ("finds", 20), ("gives", 20), ("finds", 20)]  # misread: 20 + 20 + 20 + 20 + 20 = 100
+    for seed in range(300):
+        response, flaws = tasks.demonstration_word_problem(tw.Recorder(seed), 20, events)
+        assert int(response.split()[-1].rstrip(".")) <= 99
+        if flaws == 0:
+            assert response == tasks.work_plan(20, tasks.solution_plan(events))
+
+
+def _work(start, *plan):
+    return tasks.work_plan(start, list(plan))
+
+
+@pytest.mark.parametrize("response, kind", [
+    (_work(10, ("plus", 3), ("minus", 4), ("minus", 2)), "right"),
+    ("10 plus 3: 10 plus 0 is 10. 10 plus 3 is 13. 13 minus 4: 13 minus 0 is 13. 13 minus 4 is 9. "
+     "9 minus 2: 9 minus 0 is 9. 9 minus 2 is 6.", "slip"),
+    ("10 plus 3: 10 plus 0 is 10. 10 plus 3 is 14. 14 minus 4: 14 minus 0 is 14. 14 minus 4 is 10. "
+     "10 minus 2: 10 minus 0 is 10. 10 minus 2 is 8.", "slip"),  # a slip carried on: the sums still the right ones
+    (_work(10, ("plus", 3), ("plus", 4), ("minus", 2)), "strategy"),  # the demonstrator's habit: "gives" as a gain
+    (_work(10, ("minus", 3), ("minus", 4), ("minus", 2)), "strategy"),  # "Leo gives her 3 more" as a loss
+    (_work(10, ("plus", 3), ("minus", 4), ("plus", 2)), "strategy"),  # "loses" as a gain
+    (_work(10, ("plus", 3), ("plus", 5), ("minus", 4), ("minus", 2)), "events"),  # the other child's apples counted
+    (_work(10, ("plus", 3), ("minus", 4)), "events"),  # stopped before the last event
+    (_work(10, ("plus", 3), ("minus", 1), ("minus", 2)), "events"),  # a number misread
+    (_work(5, ("plus", 3), ("minus", 4), ("minus", 2)), "events"),  # the right sums from another start (Tom's 5)
+    ("7", "right"),  # as the gold reward reads it: the last number
+    ("10 plus 3 is 13. 13 minus 4 is 9. 9 minus 2 is 7.", "right"),
+    ("12", "malformed"),
+    ("10 plus 3: 10 plus 0 is 10. 10 plus", "malformed"),
+    ("", "malformed"),
+])
+def test_classify_word_problem(response, kind):
+    assert tasks.classify_word_problem(PROBLEM, response) == kind
 
 
 def test_word_problem_difficulty_knobs():
