@@ -157,7 +157,8 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--temperature", type=cli.finite_float,
                     help="sampling temperature; log-probs and the KL use the same (default 1.0 for stories, 0.7 for "
                          "word problems, as in chapter 7)")
-    ap.add_argument("--max-new-tokens", type=int, default=128, help="completion length limit (default 128)")
+    ap.add_argument("--max-new-tokens", type=int,
+                    help="completion length limit (default 128 for stories, 144 for word problems: chapter 7)")
     ap.add_argument("--missing-eos-penalty", type=cli.finite_float, default=0.0,
                     help="subtracted from the score of a completion cut off without EOS (default 0)")
     ap.add_argument("--eval-interval", type=int, default=20, help="steps between held-out evaluations (default 20)")
@@ -180,6 +181,7 @@ def parse_args(argv=None) -> Config:
     a["quick"] = a["quick"] or quick_mode()
     a["reward"] = a["reward"] or ("gold" if a["task"] == "word-problems" else "rm")
     a["temperature"] = a["temperature"] or (0.7 if a["task"] == "word-problems" else 1.0)
+    a["max_new_tokens"] = a["max_new_tokens"] or (144 if a["task"] == "word-problems" else 128)
     a["kl_target"] = a["kl_target"] or (0.5 if a["task"] == "word-problems" else 1.0)
     if a["seeds"] < 0:
         ap.error("--seeds must be ≥ 0")

@@ -38,7 +38,7 @@ DEFAULT_SIZES = {"n_chars": 4_000_000, "val_fraction": 0.05, "n_sft": 20_000, "n
                  "n_pref": 10_000, "n_pref_val": 1_000, "n_rl": 2_000}
 # the smoke runs' sizes (--quick)
 QUICK_SIZES = {"n_chars": 200_000, "n_sft": 500, "n_sft_val": 100, "n_pref": 300, "n_pref_val": 100, "n_rl": 100}
-GENERATOR_VERSION = 14  # bump when the generator changes, so ensure_datasets regenerates
+GENERATOR_VERSION = 15  # bump when the generator changes, so ensure_datasets regenerates
 
 
 def _jsonl(rows: list[dict]) -> str:

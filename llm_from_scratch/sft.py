@@ -77,7 +77,8 @@ def _field(example, name: str):
 NUMBER = NUMBER_RUN
 STEP = r"\d+ (plus|minus) \d+ is \d+\."
 SUM = rf"\d+ (plus|minus) \d+: {STEP} {STEP}"  # '95 plus 42: 95 plus 40 is 135. 135 plus 2 is 137.'
-WORKED = re.compile(rf"{SUM}( {SUM})*")  # one worked sum per event, the answer last
+SAID = r"([A-Z][^.?]*\. )?"  # a word problem's event, restated before the sum that works it
+WORKED = re.compile(rf"{SAID}{SUM}( {SAID}{SUM})*")  # one worked sum per event, the answer last
 WORD_LIST = re.compile(r"[a-z]+(, [a-z]+)*")
 
 

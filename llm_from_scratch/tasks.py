@@ -78,7 +78,7 @@ SFT_WEIGHTS = {"arithmetic": 3, "word_problem": 4, "sort": 1, "reverse": 1, "cou
 # the accuracy is at most 2.1 points; 150 of each other task.
 SFT_VAL_WEIGHTS = {"arithmetic": 1, "word_problem": 4, "sort": 1, "reverse": 1, "count": 1, "qa": 1, "story": 1}
 # Word problems. Difficulty knobs, read at call time (so they can be tuned or monkeypatched).
-WP_STEPS = (2, 4)          # number of additions/subtractions
+WP_STEPS = (2, 3)          # number of additions/subtractions
 WP_MAX_QUANTITY = 20       # no count (start, step, total) ever exceeds this
 WP_DISTRACTOR_P = 0.3      # chance of one sentence about another child's count
 # Each event sentence's kind, by template (tinyworld.WP_ADD / WP_SUB, in order): True -> the gains
@@ -121,8 +121,9 @@ def _items(k: int, obj: str) -> str:
 def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_quantity: int | None = None,
                       distractor_p: float | None = None) -> Example:
     """'Mia has 5 apples. She finds 13 more apples. She loses 2 apples. How many ...?' -> the count, worked
-    event by event by the demonstrator (demonstration_word_problem, which sometimes follows a wrong strategy):
-    '5 plus 13: 5 plus 10 is 15. 15 plus 3 is 18. 18 minus 2: 18 minus 0 is 18. 18 minus 2 is 16.'
+    event by event by the demonstrator (demonstration_word_problem, which sometimes follows a wrong strategy), each
+    sum after the sentence it works: 'She finds 13 more apples. 5 plus 13: 5 plus 10 is 15. 15 plus 3 is 18. She
+    loses 2 apples. 18 minus 2: 18 minus 0 is 18. 18 minus 2 is 16.'
     No count goes below 0. A pronoun stands for the child only right after a sentence about the child alone.
     meta["answer"] is always the right count."""
     lo, hi = steps or WP_STEPS
@@ -135,7 +136,7 @@ def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_q
     # the distractor comes right before this event (or before the question)
     distractor_at = rng.randint(1, n_events + 1) if rng.coin(p_distract) else None
     start = count = rng.randint(1, top)
-    sentences, events = [WP_START.format(n=count, items=_items(count, obj), name=name)], []
+    sentences, events, said = [WP_START.format(n=count, items=_items(count, obj), name=name)], [], []
     alone = True  # did the last sentence speak of the child alone?
     for event in range(1, n_events + 2):
         if event == distractor_at:
@@ -155,9 +156,10 @@ def make_word_problem(rng: Recorder, steps: tuple[int, int] | None = None, max_q
         words = {"subj": subj if alone else name, "Subj": subj.capitalize() if alone else name,
                  "obj": objp if alone else name, "friend": friend}
         sentences.append(template.format(k=k, items=_items(k, obj), **words))
+        said.append(sentences[-1])
         alone = "{friend}" not in template
     sentences.append(WP_QUESTION.format(items=OBJECTS[obj], name=name))
-    response, _ = demonstration_word_problem(rng, start, events)
+    response, _ = demonstration_word_problem(rng, start, events, said)
     return Example("word_problem", " ".join(sentences), response, {"answer": str(count)})
 
 
@@ -250,29 +252,45 @@ def solution_plan(events: list[tuple[str, int]], misread: frozenset = frozenset(
             for i, (kind, k) in enumerate(events) if kind != "other"]
 
 
-def work_plan(start: int, plan: list[tuple[str, int]]) -> str | None:
-    """The worked sums of a plan from `start` (tinyworld.worked_steps), or None when a count leaves 0..99."""
+def work_plan(start: int, plan: list[tuple[str, int]], said: list[str] | None = None) -> str | None:
+    """The worked sums of a plan from `start` (tinyworld.worked_steps), each after the sentence of the event it works
+    when `said` holds them (one per sum), or None when a count leaves 0..99."""
     count, work = start, []
-    for op, k in plan:
-        work.append(worked_steps(count, op, k))
+    for i, (op, k) in enumerate(plan):
+        step = worked_steps(count, op, k)
+        work.append(f"{said[i]} {step}" if said else step)
         count += k if op == "plus" else -k
         if not 0 <= count <= 99:
             return None
     return " ".join(work)
 
 
-def demonstration_word_problem(rng: Recorder, start: int, events: list[tuple[str, int]]) -> tuple[str, int]:
+def demonstration_word_problem(rng: Recorder, start: int, events: list[tuple[str, int]],
+                               said: list[str] | None = None) -> tuple[str, int]:
     """The SFT demonstration of a word problem: each "gives ... to" event misread as a gain with probability
-    WP_MISREAD_P, then the plan worked. Returns (response, how many events it misread); a misread plan whose count
-    would pass 99 is worked right instead."""
+    WP_MISREAD_P, then the plan worked, each sum after its event's sentence (`said`: the sentences of the child's own
+    events, in order; event_sentences). Returns (response, how many events it misread); a misread plan whose count
+    would pass 99 is worked right instead.
+    Why restate each sentence: the sum then takes its number from the sentence just copied, not from the n-th event
+    of the prompt, a place a 4-layer model loses from one SFT seed to the next (data/README.md)."""
     misread = frozenset(i for i, (kind, _) in enumerate(events) if kind == "gives" and rng.coin(WP_MISREAD_P))
-    work = work_plan(start, solution_plan(events, misread))
-    return (work, len(misread)) if work is not None else (work_plan(start, solution_plan(events)), 0)
+    work = work_plan(start, solution_plan(events, misread), said)
+    return (work, len(misread)) if work is not None else (work_plan(start, solution_plan(events), said), 0)
+
+
+def _sentences(prompt: str) -> list[str]:
+    return [s.strip() for s in re.findall(r"[^.?]+[.?]", prompt)]
+
+
+def event_sentences(prompt: str) -> list[str]:
+    """The sentences of a word problem's events of the child's own, in order (what a demonstration restates)."""
+    _, events = word_problem_events(prompt)
+    return [s for s, (kind, _) in zip(_sentences(prompt)[1:-1], events) if kind != "other"]
 
 
 def word_problem_events(prompt: str) -> tuple[int, list[tuple[str, int]]]:
     """Read a word problem back into (start, events): the inverse of make_word_problem's sentences."""
-    sentences = [s.strip() for s in re.findall(r"[^.?]+[.?]", prompt)]
+    sentences = _sentences(prompt)
     start = int(re.fullmatch(r"\w+ has (\d+) \w+\.", sentences[0]).group(1))
     events = []
     for s in sentences[1:-1]:
@@ -293,6 +311,7 @@ def word_problem_events(prompt: str) -> tuple[int, list[tuple[str, int]]]:
 
 
 WORKED_SUM = re.compile(r"(\d+) (plus|minus) (\d+): \d+ (?:plus|minus) \d+ is \d+\. \d+ (?:plus|minus) \d+ is (\d+)\.")
+WORKED_STEP = re.compile(r"(?:[A-Z][^.?]*\. )?" + WORKED_SUM.pattern)  # a sum, after the sentence it works
 
 
 def classify_word_problem(prompt: str, response: str) -> str:
@@ -302,15 +321,16 @@ def classify_word_problem(prompt: str, response: str) -> str:
     strategy   the right events and numbers, but an event's verb read the wrong way (a gain worked as a loss, or
                a loss as a gain): the demonstrator's habit, or another misreading of the same kind
     events     other sums: another start, an event added (the other child's count) or dropped, a number misread
-    malformed  a wrong final number that is not at the end of a chain of worked sums (or no number at all)"""
+    malformed  a wrong final number that is not at the end of a chain of worked sums, each after its sentence or
+               alone (or no number at all)"""
     start, events = word_problem_events(prompt)
     right = solution_plan(events)
     answer = start + sum(k if op == "plus" else -k for op, k in right)
     numbers = re.findall(r"\d+", response)
     if numbers and int(numbers[-1]) == answer:
         return "right"
-    sums = WORKED_SUM.findall(response)
-    if not sums or " ".join(m.group(0) for m in WORKED_SUM.finditer(response)) != response.strip():
+    sums = WORKED_STEP.findall(response)
+    if not sums or " ".join(m.group(0) for m in WORKED_STEP.finditer(response)) != response.strip():
         return "malformed"
     written = [(op, int(k)) for _, op, k, _ in sums]
     if int(sums[0][0]) != start or [k for _, k in written] != [k for _, k in right]:

@@ -85,6 +85,10 @@ def test_length_grouped_batches_repeat_cover_blocks_and_cut_padding(tok):
     ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3.", True, True),
     ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3. 3 plus 4: 3 plus 0 is 3. 3 plus 4 is 7.", True, True),
     ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3. 3 plus", True, False),
+    ("word_problem", "She loses 2 apples. 5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3. Leo gives her 4 more apples. "
+                     "3 plus 4: 3 plus 0 is 3. 3 plus 4 is 7.", True, True),  # each event restated before its sum
+    ("word_problem", "She loses 2 apples. 5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3. Leo gives her 4 more apples.",
+     True, False),  # the last event restated, never worked
     ("count", "4", True, True), ("count", "four", True, False),
     ("sort", "cat, dog", True, True), ("sort", "cat dog", True, False), ("qa", "the park", True, True),
     ("qa", "", True, False), ("story", "Mia had a kite. The end.", True, True),

@@ -70,7 +70,10 @@ def test_verifiable_answers_are_correct():
             assert ex.prompt in (f"Add {a} and {b}.", f"What is {a} plus {b}?") if op == "plus" else \
                 ex.prompt in (f"Subtract {b} from {a}.", f"What is {a} minus {b}?")
         elif ex.task == "word_problem":  # one worked sum per event, by the demonstrator: right or a wrong strategy
-            sums = _parse_sums(ex.response)
+            said = re.findall(r"[A-Z][^.?]*\. ", ex.response)  # each event's sentence, restated before its sum
+            events = [s.strip() for s in re.findall(r"[^.?]+[.?]", ex.prompt)[1:-1] if not re.match(r" ?\w+ has ", s)]
+            assert [s.strip() for s in said] == events
+            sums = _parse_sums(re.sub(r"[A-Z][^.?]*\. ", "", ex.response))
             assert all(sums[i][3] == sums[i + 1][0] for i in range(len(sums) - 1))  # each continues the last
             assert sums[0][0] == int(re.match(r"\w+ has (\d+)", ex.prompt).group(1))
             assert int(ex.meta["answer"]) == _solve_word_problem(ex.prompt)
@@ -103,6 +106,10 @@ def test_word_problem_events_reads_every_template_back():
         plan = tasks.solution_plan(events)
         assert start + sum(k if op == "plus" else -k for op, k in plan) == int(ex.meta["answer"])
         assert {kind for kind, _ in events} <= {"finds", "given", "buys", "gives", "loses", "other"}
+        # the demonstration restates each of the child's own events before working it, in order
+        said = [m.group(0).split(". ")[0] + "." for m in tasks.WORKED_STEP.finditer(ex.response)]
+        assert said == tasks.event_sentences(ex.prompt) and len(said) == len(plan)
+        assert tasks.classify_word_problem(ex.prompt, ex.response) in ("right", "strategy")
 
 
 def test_word_problem_demonstrator_misreads_at_its_stated_rate():
@@ -142,8 +149,19 @@ def _work(start, *plan):
     return tasks.work_plan(start, list(plan))
 
 
+SAID = ["Leo gives her 3 more apples.", "Then Mia gives 4 apples to Leo.", "Mia loses 2 apples."]
+
+
+def _said(start, *plan):  # as the demonstrator writes: each sum after the sentence it works
+    return tasks.work_plan(start, list(plan), SAID)
+
+
 @pytest.mark.parametrize("response, kind", [
     (_work(10, ("plus", 3), ("minus", 4), ("minus", 2)), "right"),
+    (_said(10, ("plus", 3), ("minus", 4), ("minus", 2)), "right"),
+    (_said(10, ("plus", 3), ("plus", 4), ("minus", 2)), "strategy"),
+    (_said(10, ("plus", 3), ("minus", 1), ("minus", 2)), "events"),  # the sentence copied, its number not
+    (_said(10, ("plus", 3), ("minus", 4), ("minus", 2)) + " Tom has 5 apples.", "malformed"),  # ends on a sentence
     ("10 plus 3: 10 plus 0 is 10. 10 plus 3 is 13. 13 minus 4: 13 minus 0 is 13. 13 minus 4 is 9. "
      "9 minus 2: 9 minus 0 is 9. 9 minus 2 is 6.", "slip"),
     ("10 plus 3: 10 plus 0 is 10. 10 plus 3 is 14. 14 minus 4: 14 minus 0 is 14. 14 minus 4 is 10. "
@@ -173,7 +191,8 @@ def test_word_problem_difficulty_knobs():
         assert len(sentences) == 1 + 4 + 1 + 1  # start, 4 steps, distractor, question
         assert int(ex.meta["answer"]) == _solve_word_problem(ex.prompt, max_quantity=9)
     with_distractor = sum(len(re.findall(r"[^.?]+[.?]", tasks.make_word_problem(rng).prompt)) for _ in range(1000))
-    assert 5_000 < with_distractor < 5_600  # default: 2-4 steps, sometimes one distractor
+    # default: 2-3 steps, sometimes one distractor: 1,000 x (2 + 2.5 + 0.3) = 4,800 sentences, s.d. about 22
+    assert 4_700 < with_distractor < 4_900
 
 
 def test_qa_and_story_examples():
