@@ -95,6 +95,7 @@ def main() -> None:
     sizes = dataset_files.QUICK_SIZES if args.quick else {}
     paths = dataset_files.ensure_datasets(tinyworld_dir(args.quick), seed=0, **sizes)
     kind, task = ("verifiable", "word_problem") if args.task == "word-problems" else ("stories", "story")
+    max_new = 144 if args.task == "word-problems" else 128  # as chapter 7: a word problem restates each event
     rows = [p for p in read_jsonl(paths[f"rl_{kind}"]) if p["task"] == task][: args.prompts]
     by_prompt = {p["prompt"]: p for p in rows}
 
@@ -110,7 +111,7 @@ def main() -> None:
     past_means, zero_std, t0 = [], 0, time.perf_counter()
     generator = torch.Generator().manual_seed(0)
     for b in range(args.batches):
-        ro = rollout(policy, policy, tok, [p["prompt"] for p in rows], args.k, score, max_new_tokens=128,
+        ro = rollout(policy, policy, tok, [p["prompt"] for p in rows], args.k, score, max_new_tokens=max_new,
                      temperature=args.temperature, generator=generator)
         zero_std += int((ro.rewards.view(-1, args.k).std(dim=1) == 0).sum())
         baseline = sum(past_means) / len(past_means) if past_means else 0.0  # the moving average, before this batch

@@ -475,8 +475,9 @@ def curves(out: Path, records: list[dict], task: str, ceiling: dict | None = Non
         a1.plot(steps, [r["gold/reward"] for r in train], alpha=0.6, label="sampled: gold reward")
     a1.plot([r["step"] for r in evals], [r[greedy_key(task)] for r in evals], marker="o",
             label="held out, greedy: " + score_name(task))
+    top = max((int(k) for k in ceiling or {}), default=0)
     for k, value in (ceiling or {}).items():  # the SFT model's pass@k: what reweighting its samples can reach
-        if int(k) in (1, 4, 16):
+        if int(k) in (1, 4, top):
             a1.axhline(value, ls=":", color="grey")
             a1.annotate(f"SFT pass@{k}", (steps[0] if steps else 0, value), fontsize=7, color="grey", va="bottom")
     a1.set(xlabel="step", ylabel="reward")

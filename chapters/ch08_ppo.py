@@ -181,7 +181,8 @@ def parse_args(argv=None) -> Config:
     a["quick"] = a["quick"] or quick_mode()
     a["reward"] = a["reward"] or ("gold" if a["task"] == "word-problems" else "rm")
     a["temperature"] = a["temperature"] or (0.7 if a["task"] == "word-problems" else 1.0)
-    a["max_new_tokens"] = a["max_new_tokens"] or (144 if a["task"] == "word-problems" else 128)
+    if a["max_new_tokens"] is None:  # a word problem's answer restates each event: up to 138 tokens (chapter 7)
+        a["max_new_tokens"] = 144 if a["task"] == "word-problems" else 128
     a["kl_target"] = a["kl_target"] or (0.5 if a["task"] == "word-problems" else 1.0)
     if a["seeds"] < 0:
         ap.error("--seeds must be ≥ 0")

@@ -77,8 +77,9 @@ def _field(example, name: str):
 NUMBER = NUMBER_RUN
 STEP = r"\d+ (plus|minus) \d+ is \d+\."
 SUM = rf"\d+ (plus|minus) \d+: {STEP} {STEP}"  # '95 plus 42: 95 plus 40 is 135. 135 plus 2 is 137.'
-SAID = r"([A-Z][^.?]*\. )?"  # a word problem's event, restated before the sum that works it
-WORKED = re.compile(rf"{SAID}{SUM}( {SAID}{SUM})*")  # one worked sum per event, the answer last
+WORKED = re.compile(rf"{SUM}( {SUM})*")  # a sum worked in steps
+SAID = r"([A-Z][^.?]*\. )"  # a word problem's event, restated before the sum that works it
+WORKED_EVENTS = re.compile(rf"{SAID}?{SUM}( {SAID}?{SUM})*")  # word problems: one worked sum per event, the answer last
 WORD_LIST = re.compile(r"[a-z]+(, [a-z]+)*")
 
 
@@ -87,7 +88,7 @@ def well_formed(task: str, response: str, ended: bool) -> bool:
     if not ended:
         return False
     if task in WORKED_TASKS:
-        return WORKED.fullmatch(response) is not None
+        return (WORKED_EVENTS if task == "word_problem" else WORKED).fullmatch(response) is not None
     if task == "count":
         return NUMBER.fullmatch(response) is not None
     if task in ("sort", "reverse"):

@@ -6,7 +6,8 @@ Seven tasks (TASKS), each an Example: a prompt, the demonstrated response, and i
     arithmetic     "Add 95 and 42." -> the sum worked in steps (tinyworld.worked_steps), whose last number, 137,
                    is the answer
     word_problem   "Mia has 5 apples. She finds 13 more apples. She loses 2 apples. How many apples does Mia have
-                   now?" -> one worked sum per event. No count goes below 0 or above WP_MAX_QUANTITY, and a pronoun
+                   now?" -> one worked sum per event, each after the event's sentence restated ("She finds 13 more
+                   apples. 5 plus 13: ..."). No count goes below 0 or above WP_MAX_QUANTITY, and a pronoun
                    stands for the child only right after a sentence about the child alone (one reading only)
     sort, reverse, count
                    3-6 distinct words of LIST_POOL -> sorted, reversed, or how many

@@ -626,6 +626,22 @@ def test_every_chapter_refuses_a_nan_float_flag(script, flag, capsys, monkeypatc
     assert stop.value.code == 2 and f"argument {flag}: must be a finite number, got nan" in capsys.readouterr().err
 
 
+def test_ppo_word_problem_rollouts_fit_a_restated_answer(capsys, monkeypatch):
+    """Chapter 8's word-problem rollouts get chapter 7's 144 tokens (an answer restates each event: up to 138),
+    stories keep 128, and --max-new-tokens 0 is refused, not taken for the default."""
+    monkeypatch.delenv("LLMFS_QUICK", raising=False)
+    sys.path.insert(0, str(ROOT / "chapters"))
+    try:
+        import ch08_ppo as ch08
+    finally:
+        sys.path.pop(0)
+    assert ch08.parse_args(["--task", "word-problems"]).max_new_tokens == 144
+    assert ch08.parse_args([]).max_new_tokens == 128
+    with pytest.raises(SystemExit) as stop:
+        ch08.parse_args(["--task", "word-problems", "--max-new-tokens", "0"])
+    assert stop.value.code == 2 and "--max-new-tokens must be ≥ 1" in capsys.readouterr().err
+
+
 def test_finite_and_positive_float_flags(capsys):
     sys.path.insert(0, str(ROOT / "chapters"))
     try:

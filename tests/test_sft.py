@@ -82,6 +82,7 @@ def test_length_grouped_batches_repeat_cover_blocks_and_cut_padding(tok):
     ("arithmetic", "23 plus 0: 23 plus 0 is 23.", True, False),  # one step: every sum has two
     ("arithmetic", "23 plus 45: 23 plus 40 is 63. 63 plus 5 is 68.", False, False), ("arithmetic", "68", True, False),
     ("arithmetic", "23 plus 45: 23 plus 40 is 63. 63 plus 5 is", True, False),
+    ("arithmetic", "Add 23 and 45. 23 plus 45: 23 plus 40 is 63. 63 plus 5 is 68.", True, False),  # only events
     ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3.", True, True),
     ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3. 3 plus 4: 3 plus 0 is 3. 3 plus 4 is 7.", True, True),
     ("word_problem", "5 minus 2: 5 minus 0 is 5. 5 minus 2 is 3. 3 plus", True, False),

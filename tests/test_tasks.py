@@ -138,11 +138,14 @@ def test_every_gives_event_is_misread_on_its_own():
 
 def test_a_misreading_that_passes_99_is_not_made():
     events = [("gives", 20), ("finds", 20), ("gives", 20), ("finds", 20)]  # misread: 20 + 20 + 20 + 20 + 20 = 100
+    said = ["Then Mia gives 20 apples to Leo.", "She finds 20 more apples.", "Then she gives 20 apples to Leo.",
+            "She finds 20 more apples."]
     for seed in range(300):
-        response, flaws = tasks.demonstration_word_problem(tw.Recorder(seed), 20, events)
+        response, flaws = tasks.demonstration_word_problem(tw.Recorder(seed), 20, events, said)
         assert int(response.split()[-1].rstrip(".")) <= 99
-        if flaws == 0:
-            assert response == tasks.work_plan(20, tasks.solution_plan(events))
+        if flaws == 0:  # the fallback is the right plan, each event still restated
+            assert response == tasks.work_plan(20, tasks.solution_plan(events), said)
+            assert response.startswith(said[0]) and all(s in response for s in said)
 
 
 def _work(start, *plan):
